@@ -1,0 +1,62 @@
+# One Makefile for set-up, the demo, tests, lint and benchmarks (SB3-style).
+# Every target creates the virtual environment first if it is missing or stale.
+
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch build: "cpu" pins the CPU wheel (constraints/cpu.txt); "cuda" takes PyPI's default
+# (CUDA) build. Default: cuda when an NVIDIA driver is present, else cpu.
+TORCH ?= $(if $(shell command -v nvidia-smi 2>/dev/null),cuda,cpu)
+CONSTRAINTS := $(if $(filter cpu,$(TORCH)),-c constraints/cpu.txt,)
+STAMP := $(VENV)/.installed-$(TORCH)
+ARGS ?=
+
+.PHONY: setup demo test test-slow test-all lint typecheck ui lab bench clean help
+
+help:
+	@echo "make demo       set up and run the demo training on the embedded MLflow store"
+	@echo "make test       set up and run the fast test suite"
+	@echo "make test-slow  the slow tests (CI runs them too)"
+	@echo "make ui         MLflow UI on http://127.0.0.1:5000"
+	@echo "make lab        JupyterLab on 127.0.0.1 with the project's kernel"
+	@echo "make lint       ruff; make typecheck: mypy"
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints/cpu.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "installing workbench into $(VENV) (torch: $(TORCH) build)..."
+	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[dev]' 2> >(grep -v "^WARNING: Location" >&2)
+	$(PY) -m ipykernel install --sys-prefix --name workbench --display-name "Python (workbench)" >/dev/null
+	@touch $@
+
+demo: setup
+	$(PY) -m workbench train experiment=demo $(ARGS)
+	@echo "Open the results: make ui  ->  http://127.0.0.1:5000"
+
+test: setup
+	$(PY) -m pytest $(ARGS)
+
+test-slow: setup
+	$(PY) -m pytest -m slow $(ARGS)
+
+test-all: test test-slow
+
+lint: setup
+	$(PY) -m ruff check lib tests benchmarks
+
+typecheck: setup
+	$(PY) -m mypy
+
+ui: setup
+	$(PY) -m workbench ui $(ARGS)
+
+lab: setup
+	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --no-browser notebooks/
+
+bench: setup
+	$(PY) benchmarks/tracking_overhead.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,96 @@
+"""SB3 callback that adds what PPO does not record itself: timing split, entropy, evaluation.
+
+All values go through ``self.logger.record`` so they reach every logger writer (MLflow,
+console) in the same dump as SB3's own keys.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.vec_env import VecEnv, sync_envs_normalization
+
+
+class IterationCallback(BaseCallback):
+    """Per-iteration additions: ``time/rollout_s``, ``time/update_s``, ``time/eval_s``,
+    ``train/entropy`` and periodic deterministic evaluation (``eval/*``).
+
+    A PPO iteration is: collect a rollout (between ``_on_rollout_start`` and
+    ``_on_rollout_end``), dump the logs, update. The update of iteration k is timed from the
+    end of rollout k (after any evaluation) to the start of rollout k+1, and its ``train/*``
+    values are readable from the logger there. At training end the last update's values are
+    recorded and dumped: SB3 itself never dumps them.
+
+    Unlike SB3's ``EvalCallback``, evaluation runs between rollout and dump and never dumps the
+    logger itself, so its results land in the iteration's single batched log call. No
+    evaluation is made once the budget is reached: the trainer's final evaluation covers it.
+    """
+
+    def __init__(
+        self, eval_env: VecEnv | None = None, every_steps: int = 0, n_episodes: int = 5,
+        total: int = 0,
+    ) -> None:
+        super().__init__()
+        self.eval_env = eval_env
+        self.every_steps = every_steps
+        self.n_episodes = n_episodes
+        self.total = total
+        self.next_eval = every_steps
+        self.rollout_started = 0.0
+        self.rollout_ended: float | None = None
+
+    def _on_rollout_start(self) -> None:
+        now = time.perf_counter()
+        self._record_update(now)
+        self.rollout_started = now
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        now = time.perf_counter()
+        self.logger.record("time/rollout_s", now - self.rollout_started)
+        if self.eval_env is not None and self._eval_due():
+            mean, std = evaluate(self.model, self.training_env, self.eval_env, self.n_episodes)
+            self.logger.record("eval/mean_reward", mean)
+            self.logger.record("eval/std_reward", std)
+            self.logger.record("time/eval_s", time.perf_counter() - now)
+        self.rollout_ended = time.perf_counter()
+
+    def _on_training_end(self) -> None:
+        self._record_update(time.perf_counter())
+        self.logger.dump(self.num_timesteps)
+
+    def _eval_due(self) -> bool:
+        if self.every_steps <= 0 or self.num_timesteps >= self.total:
+            return False
+        if self.num_timesteps < self.next_eval:
+            return False
+        while self.next_eval <= self.num_timesteps:
+            self.next_eval += self.every_steps
+        return True
+
+    def _record_update(self, now: float) -> None:
+        if self.rollout_ended is None:
+            return  # no update has happened yet
+        self.logger.record("time/update_s", now - self.rollout_ended)
+        entropy_loss = self.logger.name_to_value.get("train/entropy_loss")
+        if entropy_loss is not None:
+            # SB3 logs entropy_loss = -mean(entropy); practitioners watch the entropy itself.
+            self.logger.record("train/entropy", -float(entropy_loss))  # type: ignore[arg-type]
+        self.rollout_ended = None
+
+
+def evaluate(
+    model: Any, train_env: VecEnv, eval_env: VecEnv, n_episodes: int
+) -> tuple[float, float]:
+    """Mean and std of the deterministic return over ``n_episodes`` on ``eval_env``."""
+    if n_episodes <= 0:
+        return math.nan, math.nan
+    sync_envs_normalization(train_env, eval_env)  # copies VecNormalize stats when present
+    mean, std = evaluate_policy(model, eval_env, n_eval_episodes=n_episodes, deterministic=True)
+    return float(mean), float(std)  # type: ignore[arg-type]

@@ -1,0 +1,109 @@
+"""Command line: ``workbench <command> [HYDRA_OVERRIDES...]`` (also ``python -m workbench``).
+
+Exit codes (DESIGN.md): 0 success; 2 bad input, reported in one line before any compute;
+130/143 interrupted (SIGINT/SIGTERM); 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from types import FrameType
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_SIGINT, EXIT_SIGTERM = 130, 143
+
+
+class BadInput(Exception):
+    """A command-line argument that is not usable (exit code 2)."""
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train one run and print its MLflow run id."""
+    from workbench.config import load_config
+
+    cfg = load_config(args.overrides)
+    from workbench.train import train
+
+    result = train(cfg)
+    print(result.run_id)
+    return EXIT_OK
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    """Start the MLflow UI against the configured store, on 127.0.0.1."""
+    from workbench import tracking
+    from workbench.config import load_config
+
+    cfg = load_config(args.overrides)
+    uri = tracking.resolve_tracking_uri(cfg.tracking.uri)
+    tracking.make_client(uri)  # creates the embedded store's folder if needed
+    print(f"MLflow UI on http://{args.host}:{args.port}  (store {tracking.redact_uri(uri)})")
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
+               "--host", args.host, "--port", str(args.port)]
+    return subprocess.call(command)
+
+
+COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
+    "train": (cmd_train, "train one PPO run; prints its MLflow run id"),
+    "ui": (cmd_ui, "open the MLflow UI on the configured store (127.0.0.1)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with one sub-command per workbench verb."""
+    parser = argparse.ArgumentParser(
+        prog="workbench",
+        description="Experiment workbench for deep RL on robots (PPO on MuJoCo, MLflow, Hydra).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (func, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        if name == "ui":
+            p.add_argument("--host", default="127.0.0.1")
+            p.add_argument("--port", type=int, default=5000)
+        p.add_argument(
+            "overrides", nargs="*", metavar="OVERRIDE",
+            help="Hydra overrides, e.g. env=hopper env.num_envs=8 algo.n_steps=256 seed=3",
+        )
+    return parser
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    # SIGTERM (a scheduler's kill) takes the same clean path as Ctrl-C: the run is marked
+    # KILLED and the environments are closed; the exit code tells the two apart.
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``workbench`` command; returns the process exit code."""
+    from workbench.config import ConfigError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)  # argparse itself exits 2 on unknown commands
+    received: list[int] = []
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        _raise_interrupt(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        return int(args.func(args))
+    except (ConfigError, BadInput) as exc:
+        print(f"workbench: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("workbench: interrupted", file=sys.stderr)
+        return EXIT_SIGTERM if received else EXIT_SIGINT
+    finally:
+        if "workbench.envs" in sys.modules:
+            sys.modules["workbench.envs"].stop_worker_servers()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Vectorized environments: gymnasium MuJoCo tasks behind SB3's VecEnv interface.
+
+Built with SB3's own ``make_vec_env`` (Monitor wrapper for episode statistics, env rank ``r``
+seeded with ``seed + r``), optionally wrapped in ``VecNormalize``. Environment classes must
+live in importable modules: ``SubprocVecEnv`` starts its workers with the forkserver method,
+which re-imports them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import (
+    DummyVecEnv,
+    SubprocVecEnv,
+    VecEnv,
+    VecNormalize,
+)
+
+VecEnvClass = type[DummyVecEnv] | type[SubprocVecEnv]
+VEC_ENV_CLASSES: dict[str, VecEnvClass] = {"dummy": DummyVecEnv, "subproc": SubprocVecEnv}
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """Plain values describing how to build the training environments."""
+
+    env_id: str
+    num_envs: int
+    vec_env: str = "dummy"
+    seed: int = 0
+    max_episode_steps: int | None = None
+    kwargs: dict[str, Any] | None = None
+    normalize: bool = False
+    norm_obs: bool = True
+    norm_reward: bool = True
+    clip_obs: float = 10.0
+
+
+def make_envs(spec: EnvSpec) -> VecEnv:
+    """Training environments: ``num_envs`` copies, rank r seeded with ``seed + r``."""
+    env_kwargs = dict(spec.kwargs or {})
+    if spec.max_episode_steps is not None:
+        env_kwargs["max_episode_steps"] = spec.max_episode_steps
+    venv = make_vec_env(
+        spec.env_id,
+        n_envs=spec.num_envs,
+        seed=spec.seed,
+        vec_env_cls=VEC_ENV_CLASSES[spec.vec_env],
+        env_kwargs=env_kwargs,
+    )
+    if spec.normalize:
+        venv = VecNormalize(
+            venv,
+            norm_obs=spec.norm_obs,
+            norm_reward=spec.norm_reward,
+            clip_obs=spec.clip_obs,
+        )
+    return venv
+
+
+def make_eval_env(spec: EnvSpec, seed_offset: int = 10_000) -> VecEnv:
+    """One in-process copy for deterministic evaluation, seeded apart from training envs.
+
+    With normalization the statistics are frozen (``training=False``) and rewards are raw;
+    call ``sync_envs_normalization(train_env, eval_env)`` before each evaluation.
+    """
+    env_kwargs = dict(spec.kwargs or {})
+    if spec.max_episode_steps is not None:
+        env_kwargs["max_episode_steps"] = spec.max_episode_steps
+    venv = make_vec_env(
+        spec.env_id, n_envs=1, seed=spec.seed + seed_offset, env_kwargs=env_kwargs
+    )
+    if spec.normalize:
+        venv = VecNormalize(
+            venv, norm_obs=spec.norm_obs, norm_reward=False, clip_obs=spec.clip_obs, training=False
+        )
+    return venv
+
+
+def physical_cores() -> int:
+    """Physical cores available to this process (falls back to logical CPUs)."""
+    try:
+        import psutil
+
+        cores = psutil.cpu_count(logical=False)
+    except Exception:  # psutil missing or unable to tell
+        cores = None
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    candidates = [c for c in (cores, available, os.cpu_count()) if c]
+    return max(1, min(candidates)) if candidates else 1
+
+
+def cpu_budget() -> int:
+    """Cores this run may use: ``WORKBENCH_CPU_BUDGET`` (set by the sweep runner) or all."""
+    budget = os.environ.get("WORKBENCH_CPU_BUDGET")
+    return max(1, int(budget)) if budget else physical_cores()
+
+
+def auto_torch_threads(num_envs: int, vec_env: str, budget: int | None = None) -> int:
+    """Learner threads so that sampling workers + learner never oversubscribe the cores.
+
+    With ``subproc`` each env worker is a busy process during rollouts, so the learner gets
+    what is left; with ``dummy`` sampling and learning alternate in one process.
+    """
+    budget = budget or cpu_budget()
+    if vec_env == "subproc":
+        budget -= min(num_envs, budget - 1)
+    return max(1, budget)
+
+
+def stop_worker_servers() -> None:
+    """Stop multiprocessing's forkserver and resource tracker, waiting for both to exit.
+
+    ``SubprocVecEnv`` starts them lazily and they outlive the run until the interpreter
+    exits; stopping them explicitly (and reaping them) means a finished or failed command
+    leaves no process behind, even where PID 1 does not reap orphans (containers).
+    These are CPython's own shutdown hooks (``_stop``), used by its test suite.
+    """
+    import multiprocessing.forkserver as forkserver
+    import multiprocessing.resource_tracker as resource_tracker
+
+    servers: list[Any] = [forkserver._forkserver, resource_tracker._resource_tracker]
+    for server in servers:
+        with contextlib.suppress(Exception):  # already stopped, or never started
+            server._stop()

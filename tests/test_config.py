@@ -1,0 +1,112 @@
+"""Config tier: every option composes; bad input fails in one line, exit 2, nothing created."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from workbench import cli, config
+from workbench.config import ConfigError, load_config
+
+from .conftest import run_cli
+
+
+@pytest.mark.parametrize(
+    ("group", "option"),
+    [(g, o) for g in config.GROUPS for o in config.group_options(g)],
+)
+def test_every_option_composes(group: str, option: str) -> None:
+    cfg = load_config([f"{group}={option}"])
+    assert isinstance(cfg, config.WorkbenchConfig)
+    if group == "env":
+        assert cfg.env.name == option
+        assert cfg.env.id.endswith("-v5") or cfg.env.id.startswith("Workbench")
+    if group == "experiment":
+        assert cfg.experiment_name == option
+
+
+def test_issue_overrides_reach_the_config() -> None:
+    cfg = load_config(["env=hopper", "env.num_envs=8", "algo.n_steps=256", "seed=3"])
+    assert (cfg.env.id, cfg.env.num_envs, cfg.algo.n_steps, cfg.seed) == ("Hopper-v5", 8, 256, 3)
+    assert config.derive(cfg).env_seeds == [3, 4, 5, 6, 7, 8, 9, 10]
+
+
+def test_zoo_preset_values() -> None:
+    cfg = load_config(["experiment=zoo_halfcheetah"])
+    assert cfg.env.id == "HalfCheetah-v5"
+    assert cfg.env.normalize is True
+    assert cfg.algo.learning_rate == pytest.approx(2.0633e-05)
+    assert cfg.algo.policy.pi == [256, 256]
+    assert cfg.algo.policy.activation == "relu"
+
+
+def test_derived_values_are_exact() -> None:
+    cfg = load_config(["env.num_envs=8", "algo.n_steps=256", "algo.batch_size=512",
+                       "total_timesteps=50000", "algo.n_epochs=10"])
+    d = config.derive(cfg)
+    assert d.rollout_size == 2048
+    assert d.minibatches_per_epoch == 4
+    assert d.gradient_steps_per_iteration == 40
+    assert d.iterations == 25  # ceil(50000 / 2048)
+
+
+def test_flatten_is_dotted() -> None:
+    flat = config.flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": {}})
+    assert flat == {"a.b": 1, "a.c.d": [1, 2], "e": {}}
+
+
+def test_recompose_in_same_process() -> None:
+    # A notebook re-running its compose cell must not hit "GlobalHydra is already initialized".
+    assert load_config(["seed=1"]).seed == 1
+    assert load_config(["seed=2"]).seed == 2
+
+
+BAD_INPUT = [
+    (["algo.n_step=5"], "algo.n_step: unknown config key; did you mean algo.n_steps?"),
+    (["env.num_envs=abc"], "env.num_envs=abc"),
+    (["env=halfcheeta"], "env=halfcheeta: unknown env option (did you mean halfcheetah?)"),
+    (["algo.batch_size=4096", "env.num_envs=2", "algo.n_steps=64"],
+     "algo.batch_size=4096 is larger than one rollout"),
+    (["total_timesteps=100", "env.num_envs=2", "algo.n_steps=64", "algo.batch_size=64"],
+     "total_timesteps=100 is smaller than one rollout"),
+    (["env.num_envs=0"], "env.num_envs=0: must be >= 1"),
+    (["algo.n_steps=1", "algo.batch_size=2"], "algo.n_steps=1: must be >= 2"),
+    (["total_timesteps=-5"], "total_timesteps=-5: must be >= 1"),
+    (["env.id=HalfCheetah-v9"], "env.id='HalfCheetah-v9': not a registered gymnasium id"),
+    (["env.vec_env=threads"], "env.vec_env='threads': not a valid choice; choose one of dummy"),
+    (["device=tpu"], "device='tpu': not a valid choice"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "expected"), BAD_INPUT)
+def test_bad_input_one_line_exit_2_nothing_created(
+    overrides: list[str], expected: str, store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["train", *overrides])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert expected in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("workbench: error: ")
+    assert not store.exists(), "no MLflow store (and no run) may be created on bad input"
+
+
+def test_wrong_type_names_key_and_expected_type() -> None:
+    with pytest.raises(ConfigError, match=r"env\.num_envs=abc: .*expected int"):
+        load_config(["env.num_envs=abc"])
+
+
+def test_bad_input_through_real_process(store: Path) -> None:
+    proc = run_cli("train", "env=halfcheeta")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "workbench: error: env=halfcheeta: unknown env option (did you mean halfcheetah?); "
+        "choose one of " + ", ".join(config.group_options("env"))
+    ]
+    assert not store.exists()
+
+
+def test_unknown_command_exits_2() -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["trian"])
+    assert info.value.code == 2

@@ -1,0 +1,62 @@
+"""Unit tier for the MLflow bridge: exact steps, batching, truncation, redaction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench import tracking
+
+
+class RecordingClient:
+    """Stands in for MlflowClient.log_batch only, to check the writer's exact output."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[tuple[str, float, int]]] = []
+
+    def log_batch(self, run_id: str, metrics: Any = (), params: Any = (), tags: Any = ()) -> None:
+        self.batches.append([(m.key, m.value, m.step) for m in metrics])
+
+
+def test_writer_redates_late_train_keys_to_their_iteration() -> None:
+    client = RecordingClient()
+    writer = tracking.MlflowWriter(client, "run")  # type: ignore[arg-type]
+    # Dump 1 (after rollout 1): no update yet.
+    writer.write({"rollout/ep_rew_mean": 1.0, "time/fps": 10}, {}, step=128)
+    # Dump 2: rollout 2 plus the update of iteration 1.
+    writer.write({"rollout/ep_rew_mean": 2.0, "train/approx_kl": 0.01, "time/update_s": 0.5},
+                 {}, step=256)
+    # Closing dump at training end: the last update's values only.
+    writer.write({"train/approx_kl": 0.02, "time/update_s": 0.4}, {}, step=256)
+    assert client.batches == [
+        [("rollout/ep_rew_mean", 1.0, 128), ("time/fps", 10.0, 128)],
+        [("rollout/ep_rew_mean", 2.0, 256), ("train/approx_kl", 0.01, 128),
+         ("time/update_s", 0.5, 128)],
+        [("train/approx_kl", 0.02, 256), ("time/update_s", 0.4, 256)],
+    ]
+    assert writer.calls == 3  # one batched call per dump
+
+
+def test_writer_skips_non_numeric_values() -> None:
+    client = RecordingClient()
+    writer = tracking.MlflowWriter(client, "run")  # type: ignore[arg-type]
+    writer.write({"a": "text", "b": True, "c": 3}, {}, step=1)
+    assert client.batches == [[("c", 3.0, 1)]]
+
+
+def test_truncate_marks_cut_values() -> None:
+    assert tracking.truncate("abc", 10) == "abc"
+    cut = tracking.truncate("x" * 50, 20)
+    assert len(cut) == 20 and cut.endswith(tracking.TRUNCATION_MARK)
+
+
+def test_redact_uri_hides_password() -> None:
+    assert (tracking.redact_uri("postgresql://bob:s3cret@db:5432/mlflow")
+            == "postgresql://bob:***@db:5432/mlflow")
+    assert tracking.redact_uri("sqlite:///x/mlflow.db") == "sqlite:///x/mlflow.db"
+
+
+def test_env_uri_wins(monkeypatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///a.db")
+    assert tracking.resolve_tracking_uri("sqlite:///b.db") == "sqlite:///a.db"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert tracking.resolve_tracking_uri("sqlite:///b.db") == "sqlite:///b.db"

@@ -1,0 +1,131 @@
+"""Smoke tier: real MuJoCo, real SB3 PPO, a real (temporary) MLflow SQLite store."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import gymnasium
+import psutil
+import pytest
+from mlflow.tracking import MlflowClient
+from workbench.config import load_config
+from workbench.train import train
+
+from .conftest import TINY, run_cli
+
+ITERATION_KEYS = [
+    "rollout/ep_rew_mean", "rollout/ep_len_mean", "train/entropy_loss", "train/approx_kl",
+    "train/clip_fraction", "train/policy_gradient_loss", "train/value_loss",
+    "train/explained_variance", "train/std", "train/learning_rate", "time/fps",
+    "train/entropy", "time/rollout_s", "time/update_s", "eval/mean_reward", "eval/std_reward",
+]
+
+
+def metric_steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
+    return [m.step for m in client.get_metric_history(run_id, key)]
+
+
+def test_tiny_training_logs_everything(store: Path) -> None:
+    result = train(load_config(TINY))
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "halfcheetah-ne2-ns64-s0"
+    # 384 steps / 128 per rollout = 3 iterations at steps 128, 256, 384.
+    for key in ITERATION_KEYS:
+        steps = metric_steps(client, result.run_id, key)
+        assert len(steps) >= 2, (key, steps)
+        assert set(steps) <= {128, 256, 384}, (key, steps)
+    for key in ["train/approx_kl", "train/entropy", "time/update_s", "rollout/ep_rew_mean"]:
+        assert sorted(metric_steps(client, result.run_id, key)) == [128, 256, 384], key
+    entropy = client.get_metric_history(result.run_id, "train/entropy")
+    entropy_loss = client.get_metric_history(result.run_id, "train/entropy_loss")
+    assert [m.value for m in entropy] == [-m.value for m in entropy_loss]
+    params = run.data.params
+    assert params["env.id"] == "HalfCheetah-v5"
+    assert params["algo.n_steps"] == "64"
+    assert params["derived.rollout_size"] == "128"
+    assert params["derived.env_seeds"] == "[0, 1]"
+    artifacts = {a.path for a in client.list_artifacts(result.run_id)}
+    assert {"config.yaml", "model"} <= artifacts
+    model_files = {a.path for a in client.list_artifacts(result.run_id, "model")}
+    assert {"model/model.zip", "model/config.yaml"} <= model_files
+    assert result.num_timesteps == 384
+
+
+def test_system_metrics_use_mlflow_sampler(store: Path) -> None:
+    result = train(load_config([*TINY, "total_timesteps=1280", "eval.every_steps=0"]))
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    keys = set(client.get_run(result.run_id).data.metrics)
+    assert any(k.startswith("system/cpu_utilization") for k in keys), keys
+
+
+def test_normalized_run_saves_statistics(store: Path) -> None:
+    result = train(load_config([*TINY, "env.normalize=true", "tracking.system_metrics=false"]))
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    files = {a.path for a in client.list_artifacts(result.run_id, "model")}
+    assert "model/vecnormalize.pkl" in files
+
+
+class ExplodingEnv(gymnasium.Env):
+    """A MuJoCo-free env whose step raises after a few calls (importable for workers)."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, shape=(3,))
+    action_space = gymnasium.spaces.Box(-1.0, 1.0, shape=(1,))
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        self.calls += 1
+        if self.calls > 20:
+            raise RuntimeError("simulator exploded at step 21")
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+def test_failing_env_marks_run_failed(store: Path) -> None:
+    gymnasium.register("WorkbenchTest/Exploding-v0", entry_point=ExplodingEnv)
+    cfg = load_config([*TINY, "env.id=WorkbenchTest/Exploding-v0", "eval.every_steps=0"])
+    with pytest.raises(RuntimeError, match="simulator exploded"):
+        train(cfg)
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    (run,) = client.search_runs([client.get_experiment_by_name("workbench").experiment_id])
+    assert run.info.status == "FAILED"
+    assert run.data.tags["error"] == "RuntimeError: simulator exploded at step 21"
+
+
+def test_cli_subproc_training_leaves_no_processes(store: Path) -> None:
+    proc = psutil.Popen(
+        [sys.executable, "-m", "workbench", "train", *TINY, "env.vec_env=subproc"],
+        cwd=Path(__file__).resolve().parents[1], start_new_session=True,
+        stdout=-1, stderr=-1, text=True, env={**os.environ},
+    )
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    run_id = out.strip().splitlines()[-1]
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert client.get_run(run_id).data.params["env.vec_env"] == "subproc"
+    time.sleep(0.5)
+    leftovers = [p for p in psutil.process_iter(["pid"]) if _session(p.pid) == proc.pid]
+    assert leftovers == [], leftovers
+
+
+def _session(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def test_python_m_workbench_is_the_same_program() -> None:
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    assert "train" in proc.stdout and "workbench" in proc.stdout
