@@ -12,7 +12,7 @@ CONSTRAINTS := $(if $(filter cpu,$(TORCH)),-c constraints/cpu.txt,)
 STAMP := $(VENV)/.installed-$(TORCH)
 ARGS ?=
 
-.PHONY: setup demo test test-slow test-all lint typecheck ui lab bench clean help
+.PHONY: setup demo test test-slow test-all lint typecheck ui lab bench clean help server server-stop
 
 help:
 	@echo "make demo       set up and run the demo training on the embedded MLflow store"
@@ -20,6 +20,7 @@ help:
 	@echo "make test-slow  the slow tests (CI runs them too)"
 	@echo "make ui         MLflow UI on http://127.0.0.1:5000"
 	@echo "make lab        JupyterLab on 127.0.0.1 with the project's kernel"
+	@echo "make server     team MLflow server (PostgreSQL, basic auth) on http://127.0.0.1:5050"
 	@echo "make lint       ruff; make typecheck: mypy"
 
 setup: $(STAMP)
@@ -27,7 +28,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints/cpu.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "installing workbench into $(VENV) (torch: $(TORCH) build)..."
-	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[dev]' 2> >(grep -v "^WARNING: Location" >&2)
+	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[dev,team]' 2> >(grep -v "^WARNING: Location" >&2)
 	$(PY) -m ipykernel install --sys-prefix --name workbench --display-name "Python (workbench)" >/dev/null
 	@touch $@
 
@@ -54,6 +55,12 @@ ui: setup
 
 lab: setup
 	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --no-browser notebooks/
+
+server: setup
+	$(PY) -m workbench server start $(ARGS)
+
+server-stop: setup
+	$(PY) -m workbench server stop
 
 bench: setup
 	$(PY) benchmarks/tracking_overhead.py $(ARGS)

@@ -45,3 +45,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
         capture_output=True, text=True, timeout=timeout, cwd=ROOT,
         env={**os.environ, **(env or {})}, **kwargs,
     )
+
+
+# Team mode (tests/test_server.py, tests/test_copy.py): one PostgreSQL + MLflow server per session.
+from tests.teamserver import team_server  # noqa: E402, F401

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-
 from workbench.config import load_config
 from workbench.train import train
 

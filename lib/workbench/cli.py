@@ -47,9 +47,34 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return subprocess.call(command)
 
 
+def cmd_server(args: argparse.Namespace) -> int:
+    """Team mode: start, stop or report the shared MLflow server (workbench.server)."""
+    from workbench import server
+
+    return server.run_command(args)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """Operations on recorded runs: ``runs copy`` (workbench.migrate)."""
+    return int(args.runs_func(args))
+
+
+def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
+    """``workbench runs ACTION``: one sub-parser per action, each setting ``runs_func``."""
+    from workbench import migrate
+
+    actions = parser.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
+    copy = actions.add_parser("copy", help=migrate.COPY_HELP, description=migrate.COPY_HELP)
+    migrate.add_cli_arguments(copy)
+    copy.set_defaults(runs_func=migrate.run_command)
+
+
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "train": (cmd_train, "train one PPO run; prints its MLflow run id"),
     "ui": (cmd_ui, "open the MLflow UI on the configured store (127.0.0.1)"),
+    "server": (cmd_server, "team mode: shared MLflow server on PostgreSQL with basic auth: "
+               "server start|stop|status"),
+    "runs": (cmd_runs, "recorded runs: runs copy --from URI --to URI"),
 }
 
 
@@ -63,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (func, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(func=func)
+        if name == "server":  # start|stop|status with their own flags
+            from workbench.server import add_cli_arguments
+
+            add_cli_arguments(p)
+            continue
+        if name == "runs":
+            add_runs_arguments(p)
+            continue
         if name == "ui":
             p.add_argument("--host", default="127.0.0.1")
             p.add_argument("--port", type=int, default=5000)

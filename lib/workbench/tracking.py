@@ -59,7 +59,7 @@ def make_client(uri: str) -> MlflowClient:
 
 def ensure_experiment(client: MlflowClient, name: str, uri: str) -> str:
     """Id of experiment ``name``, created if missing (embedded store: fixed artifact root)."""
-    existing = client.get_experiment_by_name(name)
+    existing = get_experiment_or_explain(client, name, uri)
     if existing is not None:
         return existing.experiment_id
     location = None
@@ -74,6 +74,28 @@ def ensure_experiment(client: MlflowClient, name: str, uri: str) -> str:
         if existing is None:
             raise
         return existing.experiment_id
+
+
+def get_experiment_or_explain(client: MlflowClient, name: str, uri: str) -> Any:
+    """``get_experiment_by_name``; a tracking server's 401 becomes one line (exit code 2).
+
+    It is the first request a run makes, so a missing or wrong login (team mode, see
+    workbench.server) is reported before anything is created or computed.
+    """
+    from mlflow.exceptions import MlflowException
+
+    from workbench.config import ConfigError
+
+    try:
+        return client.get_experiment_by_name(name)
+    except MlflowException as exc:
+        if exc.error_code != "UNAUTHENTICATED":
+            raise
+        given = "was refused" if os.environ.get("MLFLOW_TRACKING_USERNAME") else "is missing"
+        raise ConfigError(
+            f"tracking server {redact_uri(uri)}: the login {given} (401); export "
+            "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD of your account"
+        ) from None
 
 
 def truncate(value: Any, limit: int) -> str:
