@@ -79,6 +79,23 @@ def test_status_and_stop_when_nothing_runs(
     assert capsys.readouterr().out == "not running\n"
 
 
+def test_a_recycled_pid_in_server_json_is_never_signalled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After a reboot the recorded pid may be another program's: here, pytest's own."""
+    monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(tmp_path / "experiments"))
+    layout = server.default_layout()
+    layout.root.mkdir(parents=True)
+    layout.state_file.write_text(json.dumps({
+        "url": "http://127.0.0.1:5050", "host": "127.0.0.1", "port": 5050, "pg_port": 5433,
+        "pid": os.getpid(), "started_at": "2026-01-01T00:00:00+0000"}))
+    assert cli.main(["server", "status"]) == 1
+    assert capsys.readouterr().out.startswith("not running;")
+    assert cli.main(["server", "stop"]) == 0  # we are still here: nothing was signalled
+    assert capsys.readouterr().out == "not running\n"
+    assert not layout.state_file.exists()
+
+
 def run_cli_prefix() -> list[str]:
     """``python -m workbench`` with this interpreter."""
     return [sys.executable, "-m", "workbench"]

@@ -462,6 +462,15 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+def is_our_server(pid: int, layout: Layout) -> bool:
+    """True if ``pid`` still is the ``mlflow server`` of this layout (not a recycled pid)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    return "mlflow" in cmdline and layout.artifacts.as_uri() in cmdline
+
+
 def group_alive(pgid: int) -> bool:
     """True if any process of process group ``pgid`` is left (uvicorn workers included)."""
     try:
@@ -483,7 +492,7 @@ def start(settings: ServerSettings, layout: Layout | None = None) -> ServerState
     layout = layout or default_layout()
     admin, password = admin_credentials()
     running = read_state(layout)
-    if running is not None and process_alive(running.pid):
+    if running is not None and is_our_server(running.pid, layout):
         return running
     check_settings(settings, layout)
     bin_dir = postgres_bin_dir()
@@ -575,7 +584,10 @@ def stop(layout: Layout | None = None) -> list[str]:
     stopped: list[str] = []
     state = read_state(layout)
     if state is not None:
-        if group_alive(state.pid):
+        # After a reboot the recorded pid may belong to someone else: only our server's
+        # group is signalled (its workers outlive a crashed leader in the same group).
+        if is_our_server(state.pid, layout) or (
+                group_alive(state.pid) and not process_alive(state.pid)):
             terminate_group(state.pid)
             stopped.append(f"mlflow server (pid {state.pid}, {state.url})")
         layout.state_file.unlink()
@@ -602,7 +614,7 @@ def status(layout: Layout | None = None) -> Status:
     """Whether the server and its database run, and whether ``/health`` answers."""
     layout = layout or default_layout()
     state = read_state(layout)
-    alive = state is not None and process_alive(state.pid)
+    alive = state is not None and is_our_server(state.pid, layout)
     healthy = alive and state is not None and http_status(f"{state.url}/health") == 200
     pg = False
     if (layout.pgdata / "PG_VERSION").exists():
