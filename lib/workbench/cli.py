@@ -7,6 +7,7 @@ Exit codes (DESIGN.md): 0 success; 2 bad input, reported in one line before any 
 from __future__ import annotations
 
 import argparse
+import shlex
 import signal
 import subprocess
 import sys
@@ -28,7 +29,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.overrides)
     from workbench.train import train
 
-    result = train(cfg)
+    run_info = {
+        "started_by": "cli",
+        "command": shlex.join(["workbench", *sys.argv[1:]]),
+        "argv": list(sys.argv),
+        "overrides": list(args.overrides),
+    }
+    result = train(cfg, run_info=run_info)
     print(result.run_id)
     return EXIT_OK
 
@@ -69,12 +76,21 @@ def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
     copy.set_defaults(runs_func=migrate.run_command)
 
 
+def cmd_manifest(args: argparse.Namespace) -> int:
+    """Print this machine's manifest, or diff two runs' (exit 1 when they differ)."""
+    from workbench import manifest
+
+    return manifest.run_command(args)
+
+
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "train": (cmd_train, "train one PPO run; prints its MLflow run id"),
     "ui": (cmd_ui, "open the MLflow UI on the configured store (127.0.0.1)"),
     "server": (cmd_server, "team mode: shared MLflow server on PostgreSQL with basic auth: "
                "server start|stop|status"),
     "runs": (cmd_runs, "recorded runs: runs copy --from URI --to URI"),
+    "manifest": (cmd_manifest, "print this machine's environment manifest; "
+                 "'manifest diff RUN_A RUN_B' compares two runs"),
 }
 
 
@@ -95,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         if name == "runs":
             add_runs_arguments(p)
+            continue
+        if name == "manifest":  # its own arguments, including the 'diff' sub-command
+            from workbench.manifest import add_cli_arguments as add_manifest_args
+
+            add_manifest_args(p)
             continue
         if name == "ui":
             p.add_argument("--host", default="127.0.0.1")

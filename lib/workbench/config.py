@@ -128,6 +128,15 @@ class SweepConfig:
 
 
 @dataclass
+class ReproConfig:
+    """Reproducibility switches; seeding itself is always on (``seed``, env rank r: seed + r)."""
+
+    # torch.use_deterministic_algorithms (+ CUBLAS_WORKSPACE_CONFIG where CUDA is present):
+    # bit-identical reruns also on GPU, at a speed cost (README "Manifest and reproducibility").
+    deterministic: bool = False
+
+
+@dataclass
 class WorkbenchConfig:
     """The whole, resolved configuration of one training run."""
 
@@ -137,6 +146,7 @@ class WorkbenchConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    repro: ReproConfig = field(default_factory=ReproConfig)
     experiment_name: str | None = None  # the experiment= preset this came from, if any
     total_timesteps: int = 100_000  # environment steps to train for
     seed: int = 0  # base seed: torch, numpy, and env rank r gets seed + r

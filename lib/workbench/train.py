@@ -23,7 +23,7 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.utils import get_linear_fn
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
-from workbench import config, console, envs, tracking
+from workbench import config, console, envs, manifest, tracking
 from workbench.callbacks import IterationCallback, evaluate
 from workbench.config import WorkbenchConfig
 
@@ -53,10 +53,13 @@ def train(
     *,
     tags: Mapping[str, str] | None = None,
     parent_run_id: str | None = None,
+    run_info: Mapping[str, Any] | None = None,
 ) -> TrainResult:
     """Train PPO as configured and record the run; returns its summary.
 
     ``tags`` are added to the MLflow run; ``parent_run_id`` nests it under a sweep's run.
+    ``run_info`` (command line, or notebook path and papermill parameters, overrides) goes
+    into the manifest's ``run`` section; without it the manifest detects what it can.
     The run ends FINISHED, FAILED (error message in the ``error`` tag) or KILLED.
     """
     cfg = config.validate(cfg)  # type: ignore[arg-type]
@@ -66,9 +69,10 @@ def train(
     experiment_id = tracking.ensure_experiment(client, cfg.tracking.experiment, uri)
     threads = cfg.torch_threads or envs.auto_torch_threads(cfg.env.num_envs, cfg.env.vec_env)
     torch.set_num_threads(threads)
+    manifest.configure_determinism(cfg.repro.deterministic)
 
     run_name = cfg.tracking.run_name or default_run_name(cfg)
-    run_tags = {**run_tags_for(cfg), **cfg.tracking.tags, **(tags or {})}
+    run_tags = manifest.scrub({**run_tags_for(cfg), **cfg.tracking.tags, **(tags or {})})
     if parent_run_id:
         run_tags["mlflow.parentRunId"] = parent_run_id
     run = client.create_run(experiment_id, run_name=run_name, tags=run_tags)
@@ -77,8 +81,11 @@ def train(
     train_env: VecEnv | None = None
     eval_env: VecEnv | None = None
     try:
-        tracking.log_params(client, run_id, run_params(cfg, derived, threads))
-        client.log_text(run_id, config.to_yaml(cfg), "config.yaml")
+        run_manifest = manifest.record_manifest(
+            client, run_id, run_info, seed=cfg.seed, keep_tags=list(run_tags)
+        )
+        tracking.log_params(client, run_id, manifest.scrub(run_params(cfg, derived, threads)))
+        client.log_text(run_id, manifest.scrub_yaml(config.to_dict(cfg)), "config.yaml")
         spec = env_spec(cfg)
         train_env = envs.make_envs(spec)
         eval_env = envs.make_eval_env(spec)
@@ -101,14 +108,15 @@ def train(
             "summary/peak_rss_mb": peak_rss_mb(),
         }
         log_summary(client, run_id, summary, model.num_timesteps)
-        save_model(client, run_id, cfg, model, train_env)
+        save_model(client, run_id, cfg, model, train_env, run_manifest)
         client.set_terminated(run_id, "FINISHED")
     except KeyboardInterrupt:
         client.set_tag(run_id, "error", "KeyboardInterrupt: interrupted by the user")
         client.set_terminated(run_id, "KILLED")
         raise
     except BaseException as exc:
-        client.set_tag(run_id, "error", tracking.truncate(f"{type(exc).__name__}: {exc}", 5000))
+        error = manifest.scrub_command(f"{type(exc).__name__}: {exc}")
+        client.set_tag(run_id, "error", tracking.truncate(error, 5000))
         client.set_terminated(run_id, "FAILED")
         raise
     finally:
@@ -209,16 +217,19 @@ def build_callbacks(cfg: WorkbenchConfig, eval_env: VecEnv) -> list[Any]:
 
 
 def save_model(
-    client: MlflowClient, run_id: str, cfg: WorkbenchConfig, model: PPO, train_env: VecEnv
+    client: MlflowClient, run_id: str, cfg: WorkbenchConfig, model: PPO, train_env: VecEnv,
+    run_manifest: Mapping[str, Any] | None = None,
 ) -> None:
-    """Log ``model/``: weights (model.zip), normalization stats, resolved config."""
+    """Log ``model/``: weights (model.zip), normalization stats, resolved config, manifest."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "model"
         folder.mkdir()
         model.save(folder / "model.zip")
         if isinstance(train_env, VecNormalize):
             train_env.save(str(folder / "vecnormalize.pkl"))
-        (folder / "config.yaml").write_text(config.to_yaml(cfg))
+        (folder / "config.yaml").write_text(manifest.scrub_yaml(config.to_dict(cfg)))
+        if run_manifest is not None:
+            (folder / manifest.MANIFEST_FILE).write_text(manifest.to_json(run_manifest))
         client.log_artifacts(run_id, str(folder), artifact_path="model")
 
 

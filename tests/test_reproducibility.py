@@ -1,0 +1,105 @@
+"""Reproducibility tier: same config + same seed on CPU gives identical metric series.
+
+Real MuJoCo, real SB3 PPO, a real (temporary) MLflow store. Compared: every logged key at
+every step, exactly, except the keys derived from the wall clock or the machine's load,
+listed in WALL_CLOCK_* (README "Manifest and reproducibility" lists the same).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from workbench import manifest
+from workbench.config import load_config
+from workbench.train import train
+
+from .conftest import TINY, run_cli
+
+WALL_CLOCK_PREFIXES = ("time/", "system/")
+WALL_CLOCK_KEYS = {"summary/fps", "summary/wall_time_s", "summary/peak_rss_mb"}
+Series = dict[str, list[tuple[int, float | str]]]
+
+
+def is_wall_clock(key: str) -> bool:
+    return key.startswith(WALL_CLOCK_PREFIXES) or key in WALL_CLOCK_KEYS
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Four tiny trainings in one temporary store: seed 0 twice, seed 1, seed 0 deterministic."""
+    experiments = tmp_path_factory.mktemp("repro") / "experiments"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WORKBENCH_EXPERIMENTS", str(experiments))
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{experiments / 'mlflow.db'}")
+        configs = {
+            "seed0": ["seed=0"],
+            "seed0_again": ["seed=0"],
+            "seed1": ["seed=1"],
+            "seed0_deterministic": ["seed=0", "repro.deterministic=true"],
+        }
+        ids = {name: train(load_config([*TINY, *extra])).run_id for name, extra in configs.items()}
+        try:
+            yield ids
+        finally:
+            manifest.configure_determinism(False)  # leave the process as other tests expect
+
+
+def series(run_id: str) -> Series:
+    """Every non-wall-clock metric as [(step, value)], sorted; NaN kept comparable."""
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    out: Series = {}
+    for key in client.get_run(run_id).data.metrics:
+        if is_wall_clock(key):
+            continue
+        history = client.get_metric_history(run_id, key)
+        out[key] = sorted((m.step, m.value if m.value == m.value else "nan") for m in history)
+    return out
+
+
+def test_same_seed_gives_identical_series(runs: dict[str, str]) -> None:
+    first, again = series(runs["seed0"]), series(runs["seed0_again"])
+    assert {"rollout/ep_rew_mean", "train/value_loss", "train/approx_kl", "train/entropy",
+            "eval/mean_reward", "summary/eval_mean_reward"} <= set(first)
+    assert first == again
+
+
+def test_other_seed_differs(runs: dict[str, str]) -> None:
+    first, other = series(runs["seed0"]), series(runs["seed1"])
+    assert set(first) == set(other)
+    assert first["train/value_loss"] != other["train/value_loss"]
+    assert first["rollout/ep_rew_mean"] != other["rollout/ep_rew_mean"]
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    assert client.get_run(runs["seed0"]).data.params["derived.env_seeds"] == "[0, 1]"
+    assert client.get_run(runs["seed1"]).data.params["derived.env_seeds"] == "[1, 2]"
+
+
+def test_deterministic_mode_is_recorded_and_changes_nothing_on_cpu(
+    runs: dict[str, str], tmp_path: Path
+) -> None:
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    run_id = runs["seed0_deterministic"]
+    assert client.get_run(run_id).data.params["repro.deterministic"] == "True"
+    local = client.download_artifacts(run_id, "manifest.json", str(tmp_path))
+    assert json.loads(Path(local).read_text())["run"]["deterministic"] is True
+    plain = client.download_artifacts(runs["seed0"], "manifest.json", str(tmp_path / "plain"))
+    assert json.loads(Path(plain).read_text())["run"]["deterministic"] is False
+    if not torch.cuda.is_available():
+        # On CPU torch's kernels used by PPO are already deterministic: same numbers.
+        assert series(run_id) == series(runs["seed0"])
+
+
+def test_manifest_diff_by_run_ids(runs: dict[str, str]) -> None:
+    same = run_cli("manifest", "diff", runs["seed0"], runs["seed0_again"])
+    assert same.returncode == 0, same.stdout + same.stderr
+    other = run_cli("manifest", "diff", runs["seed0"], runs["seed1"], "--format", "json")
+    assert other.returncode == 1, other.stderr
+    assert json.loads(other.stdout)["differences"] == [
+        {"section": "config", "key": "derived.env_seeds", "a": "[0, 1]", "b": "[1, 2]"},
+        {"section": "config", "key": "seed", "a": "0", "b": "1"},
+    ]
