@@ -2,22 +2,22 @@
 
 1. Manifest collection, in this process, after torch is imported (as inside ``train``): the
    first call and the median/max of warm calls, with the share of each collector.
-2. ``repro.deterministic=true`` vs false: the same small CPU training, interleaved
-   (off, on, off, ...), each a fresh ``workbench train`` process; printed: median training
-   wall time of each and their ratio.
+2. ``repro.deterministic=true`` vs false: the same small CPU training through ``train()``,
+   interleaved (off, on, off, ...) after one warm-up run, so machine-load drift hits both
+   alike; printed: median training wall time of each and their ratio.
 
-    python benchmarks/manifest_cost.py                  # 20 warm calls; 4096 steps x 3 reps
-    python benchmarks/manifest_cost.py --steps 8192 --reps 5
+    python benchmarks/manifest_cost.py                  # 20 warm calls; 2048 steps x 5 reps
+    python benchmarks/manifest_cost.py --steps 8192 --reps 9
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -55,24 +55,20 @@ def collection_cost(calls: int) -> dict[str, float]:
     return result
 
 
-def train_wall_s(deterministic: bool, args: argparse.Namespace, env: dict[str, str],
-                 uri: str) -> float:
-    """One fresh ``workbench train`` process; its measured training wall time."""
-    from mlflow.tracking import MlflowClient
+def train_wall_s(deterministic: bool, args: argparse.Namespace) -> float:
+    """One training in this process; its measured training wall time (around ``learn``)."""
+    from workbench.config import load_config
+    from workbench.train import train
 
-    command = [
-        sys.executable, "-m", "workbench", "train", "env=halfcheetah",
-        f"env.num_envs={args.num_envs}", f"algo.n_steps={args.n_steps}",
+    cfg = load_config([
+        "env=halfcheetah", f"env.num_envs={args.num_envs}", f"algo.n_steps={args.n_steps}",
         f"total_timesteps={args.steps}", "eval.final_episodes=0", "device=cpu",
-        "console.progress_bar=false", "console.iteration_lines=false",
-        "tracking.system_metrics=false", f"repro.deterministic={str(deterministic).lower()}",
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT,
-                          check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"benchmark child failed ({done.returncode}): {done.stderr[-2000:]}")
-    run_id = done.stdout.strip().splitlines()[-1]
-    return float(MlflowClient(uri).get_run(run_id).data.metrics["summary/wall_time_s"])
+        f"torch_threads={args.threads}", "console.progress_bar=false",
+        "console.iteration_lines=false", "tracking.system_metrics=false",
+        f"repro.deterministic={str(deterministic).lower()}",
+    ])
+    with contextlib.redirect_stdout(io.StringIO()):  # the header and summary table
+        return train(cfg).wall_time_s
 
 
 def main() -> None:
@@ -80,8 +76,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20, help="warm manifest collections")
     parser.add_argument("--num-envs", type=int, default=2)
     parser.add_argument("--n-steps", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=4096)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=2048)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the learner")
     args = parser.parse_args()
 
     cost = collection_cost(args.calls)
@@ -95,18 +92,20 @@ def main() -> None:
         f"{name} {seconds * 1000:.1f} ms" for name, seconds in parts.items()))
 
     tmp = Path(tempfile.mkdtemp(prefix="wb-bench-"))
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "WORKBENCH_EXPERIMENTS": str(tmp)}
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp / 'mlflow.db'}"
+    os.environ["WORKBENCH_EXPERIMENTS"] = str(tmp)
+    train_wall_s(False, args)  # warm-up: imports, MuJoCo model compilation, store creation
     walls: dict[bool, list[float]] = {False: [], True: []}
     for rep in range(args.reps):
         for deterministic in (False, True):
-            walls[deterministic].append(train_wall_s(deterministic, args, env, uri))
+            walls[deterministic].append(train_wall_s(deterministic, args))
         print(f"rep {rep + 1}/{args.reps}: off {walls[False][-1]:.2f}s, "
               f"on {walls[True][-1]:.2f}s", flush=True)
     off, on = statistics.median(walls[False]), statistics.median(walls[True])
     ratios = [b / a for a, b in zip(walls[False], walls[True], strict=True)]
     print(f"\nrepro.deterministic on CPU: HalfCheetah-v5, {args.num_envs} envs, n_steps "
-          f"{args.n_steps}, {args.steps} steps, {args.reps} interleaved repetitions")
+          f"{args.n_steps}, {args.steps} steps, {args.threads} torch thread(s), {args.reps} "
+          "interleaved repetitions")
     print(f"  training wall time (median): off {off:.2f}s, on {on:.2f}s; ratio on/off "
           f"{statistics.median(ratios):.3f} (per rep: {', '.join(f'{r:.3f}' for r in ratios)})")
     RESULTS.mkdir(parents=True, exist_ok=True)

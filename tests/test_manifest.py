@@ -436,3 +436,34 @@ def test_cli_manifest_markdown(capsys: pytest.CaptureFixture[str]) -> None:
     for heading in ("## Packages", "## Operating system", "## Hardware", "### GPUs", "## CUDA",
                     "## Git", "## Run"):
         assert heading in out
+
+
+@pytest.mark.slow
+def test_notebook_kernel_is_detected_without_run_info(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real papermill execution in a real Jupyter kernel: started_by, notebook, no argv."""
+    import nbformat
+    import papermill
+
+    source = tmp_path / "probe.ipynb"
+    out_file = tmp_path / "manifest.json"
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "language": "python",
+                                 "display_name": "Python 3"}
+    params = nbformat.v4.new_code_cell("out = ''")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(
+        "from pathlib import Path\nfrom workbench import manifest\n"
+        "Path(out).write_text(manifest.to_json(manifest.collect_manifest(seed=5)))"
+    )]
+    nbformat.write(nb, source)
+    # JupyterLab gives each kernel its notebook path this way; ipykernel exposes it.
+    monkeypatch.setenv("JPY_SESSION_NAME", "notebooks/probe.ipynb")
+    papermill.execute_notebook(str(source), str(tmp_path / "executed.ipynb"),
+                               parameters={"out": str(out_file)}, kernel_name="python3",
+                               progress_bar=False)
+    m = json.loads(out_file.read_text())
+    assert_manifest_schema(m)
+    run = m["run"]
+    assert (run["started_by"], run["notebook"], run["command"], run["seed"]) == (
+        "notebook", "notebooks/probe.ipynb", None, 5)
