@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
-from workbench import manifest
+from workbench import cli, manifest
 from workbench.config import load_config
 from workbench.train import train
 
@@ -94,9 +94,10 @@ def test_deterministic_mode_is_recorded_and_changes_nothing_on_cpu(
         assert series(run_id) == series(runs["seed0"])
 
 
-def test_manifest_diff_by_run_ids(runs: dict[str, str]) -> None:
-    same = run_cli("manifest", "diff", runs["seed0"], runs["seed0_again"])
-    assert same.returncode == 0, same.stdout + same.stderr
+def test_manifest_diff_by_run_ids(runs: dict[str, str],
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["manifest", "diff", runs["seed0"], runs["seed0_again"]]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("identical")
     other = run_cli("manifest", "diff", runs["seed0"], runs["seed1"], "--format", "json")
     assert other.returncode == 1, other.stderr
     assert json.loads(other.stdout)["differences"] == [
