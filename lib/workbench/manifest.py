@@ -801,6 +801,11 @@ def _source_from_run(run_id: str, uri: str) -> ManifestSource:
     try:
         run = client.get_run(run_id)
     except MlflowException as exc:
+        if exc.error_code == "UNAUTHENTICATED":  # a team server without a valid login
+            raise ConfigError(
+                f"tracking server {shown}: the login is missing or was refused (401); export "
+                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD of your account"
+            ) from None
         raise ConfigError(
             f"{run_id}: no such run in {shown} and no such file; pass a run id "
             "(workbench train prints it) or a manifest.json path"
