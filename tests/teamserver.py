@@ -8,6 +8,7 @@ leave no process behind. Every CLI output the team tests capture is kept in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -121,22 +122,28 @@ def team_server() -> Iterator[TeamServer]:
         assert leftovers == [], f"processes left after `workbench server stop`: {leftovers}"
 
 
-def create_user(team: TeamServer) -> None:
-    """An account for the tests' client, created by the admin through MLflow's auth client."""
-    from mlflow.server import get_app_client
-
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME",
-                                            "MLFLOW_TRACKING_PASSWORD")}
-    os.environ.update(MLFLOW_TRACKING_USERNAME="admin",
-                      MLFLOW_TRACKING_PASSWORD=team.admin_password)
+@contextlib.contextmanager
+def logged_in(user: str, password: str) -> Iterator[None]:
+    """MLflow's client reads the login from the environment: set it for this block only."""
+    keys = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update(dict(zip(keys, (user, password), strict=True)))
     try:
-        get_app_client("basic-auth", tracking_uri=team.url).create_user(ALICE, team.alice_password)
+        yield
     finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def create_user(team: TeamServer) -> None:
+    """An account for the tests' client, created by the admin through MLflow's auth client."""
+    from mlflow.server import get_app_client
+
+    with logged_in("admin", team.admin_password):
+        get_app_client("basic-auth", tracking_uri=team.url).create_user(ALICE, team.alice_password)
 
 
 def wait_for_no_processes(marker: str, pgid: int, timeout: float = 30.0) -> list[str]:

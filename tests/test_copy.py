@@ -9,7 +9,6 @@ of every metric history, and every artifact file's bytes.
 from __future__ import annotations
 
 import hashlib
-import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from workbench import cli, migrate
 
 from tests.conftest import TINY
-from tests.teamserver import TeamServer, free_port
+from tests.teamserver import ALICE, TeamServer, free_port, logged_in
 
 EXPERIMENT = "copy-source"
 
@@ -184,10 +183,7 @@ def test_copy_to_team_server_is_exact(source: dict[str, Any], team_server: TeamS
     assert again.returncode == 0, again.stderr
     assert "0 run(s) copied, 2 already there" in again.stdout
 
-    env = team_server.env()
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # MLflow's client reads the login from the environment
-    try:
+    with logged_in(ALICE, team_server.alice_password):
         dst = MlflowClient(team_server.url)
         experiment = dst.get_experiment_by_name(EXPERIMENT)
         assert experiment is not None
@@ -200,9 +196,3 @@ def test_copy_to_team_server_is_exact(source: dict[str, Any], team_server: TeamS
             # The server proxies artifacts into its own artifact root.
             stored = team_server.root / "server" / "artifacts" / experiment.experiment_id / copy_id
             assert stored.is_dir()
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

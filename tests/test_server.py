@@ -21,7 +21,7 @@ from workbench import cli, server
 from workbench.config import load_config
 
 from tests.conftest import TINY
-from tests.teamserver import ALICE, TeamServer, free_port
+from tests.teamserver import ALICE, TeamServer, free_port, logged_in
 
 
 def test_tracking_server_option_points_at_the_default_port() -> None:
@@ -168,11 +168,7 @@ def test_concurrent_trainings_log_complete_runs(team_server: TeamServer) -> None
         assert process.returncode == 0, err
         run_ids.append(out.strip().splitlines()[-1])
 
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME",
-                                            "MLFLOW_TRACKING_PASSWORD")}
-    os.environ.update(MLFLOW_TRACKING_USERNAME=ALICE,
-                      MLFLOW_TRACKING_PASSWORD=team_server.alice_password)
-    try:
+    with logged_in(ALICE, team_server.alice_password):
         client = MlflowClient(team_server.url)
         exp = client.get_experiment_by_name(experiment)
         assert exp is not None
@@ -191,12 +187,6 @@ def test_concurrent_trainings_log_complete_runs(team_server: TeamServer) -> None
             assert {f.path for f in client.list_artifacts(run.info.run_id, "model")} == {
                 "model/config.yaml", "model/model.zip"}
         assert sorted(r.data.tags["seed"] for r in runs) == ["0", "1"]
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     # The rows really are in PostgreSQL.
     assert sorted(psql(team_server, "mlflow", "SELECT run_uuid FROM runs WHERE experiment_id = "
                        f"{int(exp.experiment_id)}")) == sorted(run_ids)
@@ -213,7 +203,8 @@ def test_no_credential_reaches_a_file_row_param_tag_or_output(team_server: TeamS
         f"/proc/{team_server.pid}/cmdline").read_bytes()
 
     files = [p for p in team_server.root.rglob("*") if p.is_file()]
-    assert any(p.name == "mlflow.log" for p in files) and any(p.name == "model.zip" for p in files)
+    names = {p.name for p in files}
+    assert {"mlflow.log", "postgres.log", "model.zip", "basic_auth.ini"} <= names
     for path in files:
         data = path.read_bytes()
         for secret in secrets_:
@@ -221,19 +212,9 @@ def test_no_credential_reaches_a_file_row_param_tag_or_output(team_server: TeamS
 
     dumps = [pg_dump(team_server, db) for db in ("mlflow", "mlflow_auth")]
     assert "halfcheetah" in dumps[0]  # the dump holds the runs
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME",
-                                            "MLFLOW_TRACKING_PASSWORD")}
-    os.environ.update(MLFLOW_TRACKING_USERNAME="admin",
-                      MLFLOW_TRACKING_PASSWORD=team_server.admin_password)
-    try:
+    with logged_in("admin", team_server.admin_password):
         client = MlflowClient(team_server.url)
         runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     assert len(runs) >= 2
     values = [v for r in runs for v in [*r.data.params.values(), *r.data.tags.values()]]
     texts = [*dumps, *values, *team_server.outputs]
