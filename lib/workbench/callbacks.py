@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from stable_baselines3.common.callbacks import BaseCallback
@@ -94,3 +95,53 @@ def evaluate(
     sync_envs_normalization(train_env, eval_env)  # copies VecNormalize stats when present
     mean, std = evaluate_policy(model, eval_env, n_eval_episodes=n_episodes, deterministic=True)
     return float(mean), float(std)  # type: ignore[arg-type]
+
+
+class RewardComponentsCallback(BaseCallback):
+    """Per-iteration mean of each named reward component, recorded as ``reward/<name>``.
+
+    Environments that shape their reward report the weighted terms in
+    ``info["reward_components"]`` (they sum to the step's reward). Their means over every
+    step of the rollout show *how* the return is earned, so reward hacking (a growing
+    ``reward/forward`` made of jitter, an energy penalty that swamps progress) is visible
+    next to ``rollout/ep_rew_mean``.
+    """
+
+    def __init__(self, names: Sequence[str]) -> None:
+        super().__init__()
+        self.names = tuple(names)
+        self.sums = dict.fromkeys(self.names, 0.0)
+        self.count = 0
+
+    def _on_rollout_start(self) -> None:
+        self.sums = dict.fromkeys(self.names, 0.0)
+        self.count = 0
+
+    def _on_step(self) -> bool:
+        for info in self.locals.get("infos", ()):
+            components = info.get("reward_components")
+            if not components:
+                continue
+            for name in self.names:
+                self.sums[name] += float(components[name])
+            self.count += 1
+        return True
+
+    def _on_rollout_end(self) -> None:
+        if self.count == 0:
+            return
+        for name in self.names:
+            self.logger.record(f"reward/{name}", self.sums[name] / self.count)
+
+
+def reward_component_names(venv: VecEnv) -> tuple[str, ...]:
+    """The env's ``reward_component_names`` attribute, or ``()`` when it declares none."""
+    if not venv.has_attr("reward_component_names"):
+        return ()
+    return tuple(venv.get_attr("reward_component_names", indices=[0])[0])
+
+
+def reward_component_callbacks(venv: VecEnv) -> list[BaseCallback]:
+    """``[RewardComponentsCallback]`` when the env declares reward components, else ``[]``."""
+    names = reward_component_names(venv)
+    return [RewardComponentsCallback(names)] if names else []

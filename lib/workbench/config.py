@@ -36,6 +36,24 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class RandomizationConfig:
+    """Domain randomization for any MuJoCo task (wrappers in workbench/randomization.py).
+
+    Physics ranges are ``[low, high]`` scale factors on the model's nominal values, each
+    sampled uniformly once per episode (the sampled values are in ``info["randomization"]``);
+    null leaves that quantity nominal. All-default values mean no wrapper at all.
+    """
+
+    obs_noise_std: float = 0.0  # std of Gaussian noise added to observations (obs units)
+    action_noise_std: float = 0.0  # std of Gaussian action noise, fraction of half the range
+    action_delay: int = 0  # actions reach the simulator this many env steps late
+    friction: list[float] | None = None  # [low, high] scale of every geom's sliding friction
+    mass_scale: list[float] | None = None  # [low, high] scale of every body's mass and inertia
+    damping: list[float] | None = None  # [low, high] scale of every joint's damping
+    actuator_gain: list[float] | None = None  # [low, high] scale of every actuator's gain
+
+
+@dataclass
 class EnvConfig:
     """Which simulator task to train on and how its copies are vectorized."""
 
@@ -49,6 +67,7 @@ class EnvConfig:
     clip_obs: float = 10.0  # with normalize: clip normalized observations to +-clip_obs
     max_episode_steps: int | None = None  # None keeps the task's own time limit
     kwargs: dict[str, Any] = field(default_factory=dict)  # passed to gymnasium.make
+    randomization: RandomizationConfig = field(default_factory=RandomizationConfig)  # training
 
 
 @dataclass
@@ -102,6 +121,9 @@ class EvalConfig:
     every_steps: int = 0  # evaluate during training every N env steps (0: only at the end)
     n_episodes: int = 5  # episodes per evaluation during training
     final_episodes: int = 10  # episodes of the final evaluation
+    # Evaluation's own randomization, independent of env.randomization (default: the nominal
+    # task), so a sweep can train under one setting and measure robustness under another.
+    randomization: RandomizationConfig = field(default_factory=RandomizationConfig)
 
 
 @dataclass
@@ -301,6 +323,11 @@ def check_values(cfg: WorkbenchConfig) -> None:
             f"{rollout} or shrink the rollout"
         )
     check_env_id(cfg.env.id)
+    check_env_kwargs(cfg.env.id, cfg.env.kwargs)
+    from workbench import randomization  # wrappers import gymnasium: only when validating
+
+    randomization.check_settings("env.randomization", cfg.env.randomization, cfg.env.id)
+    randomization.check_settings("eval.randomization", cfg.eval.randomization, cfg.env.id)
 
 
 def check_env_id(env_id: str) -> None:
@@ -315,6 +342,26 @@ def check_env_id(env_id: str) -> None:
     close = difflib.get_close_matches(env_id, list(registry), n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(close)}?" if close else "see gymnasium.envs.registry"
     raise ConfigError(f"env.id={env_id!r}: not a registered gymnasium id ({hint})")
+
+
+def check_env_kwargs(env_id: str, kwargs: Mapping[str, Any]) -> None:
+    """Let an env class validate ``env.kwargs`` before anything runs.
+
+    An environment class may define ``check_kwargs(kwargs)`` (raising ``ValueError``); the
+    workbench's robots do, so a misspelt reward weight fails here with exit code 2.
+    """
+    import gymnasium
+
+    entry_point: Any = gymnasium.envs.registry[env_id].entry_point
+    if isinstance(entry_point, str):
+        entry_point = gymnasium.envs.registration.load_env_creator(entry_point)
+    check = getattr(entry_point, "check_kwargs", None)
+    if check is None:
+        return
+    try:
+        check(dict(kwargs))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"env.kwargs for {env_id}: {exc}") from exc
 
 
 def _check_choice(key: str, value: str, choices: Iterable[str]) -> None:

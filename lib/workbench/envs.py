@@ -9,7 +9,9 @@ which re-imports them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +22,9 @@ from stable_baselines3.common.vec_env import (
     VecEnv,
     VecNormalize,
 )
+
+from workbench import randomization, robots  # robots: registers the workbench's own ids
+from workbench.config import RandomizationConfig
 
 VecEnvClass = type[DummyVecEnv] | type[SubprocVecEnv]
 VEC_ENV_CLASSES: dict[str, VecEnvClass] = {"dummy": DummyVecEnv, "subproc": SubprocVecEnv}
@@ -39,6 +44,7 @@ class EnvSpec:
     norm_obs: bool = True
     norm_reward: bool = True
     clip_obs: float = 10.0
+    randomization: RandomizationConfig | None = None  # training envs' domain randomization
 
 
 def make_envs(spec: EnvSpec) -> VecEnv:
@@ -47,11 +53,12 @@ def make_envs(spec: EnvSpec) -> VecEnv:
     if spec.max_episode_steps is not None:
         env_kwargs["max_episode_steps"] = spec.max_episode_steps
     venv = make_vec_env(
-        spec.env_id,
+        robots.importable_id(spec.env_id),
         n_envs=spec.num_envs,
         seed=spec.seed,
         vec_env_cls=VEC_ENV_CLASSES[spec.vec_env],
         env_kwargs=env_kwargs,
+        wrapper_class=randomization_wrapper(spec.randomization),
     )
     if spec.normalize:
         venv = VecNormalize(
@@ -63,8 +70,13 @@ def make_envs(spec: EnvSpec) -> VecEnv:
     return venv
 
 
-def make_eval_env(spec: EnvSpec, seed_offset: int = 10_000) -> VecEnv:
+def make_eval_env(
+    spec: EnvSpec, seed_offset: int = 10_000, randomization: RandomizationConfig | None = None
+) -> VecEnv:
     """One in-process copy for deterministic evaluation, seeded apart from training envs.
+
+    ``randomization`` is the evaluation's own setting (``eval.randomization``); the training
+    envs' ``spec.randomization`` does not apply here.
 
     With normalization the statistics are frozen (``training=False``) and rewards are raw;
     call ``sync_envs_normalization(train_env, eval_env)`` before each evaluation.
@@ -73,13 +85,23 @@ def make_eval_env(spec: EnvSpec, seed_offset: int = 10_000) -> VecEnv:
     if spec.max_episode_steps is not None:
         env_kwargs["max_episode_steps"] = spec.max_episode_steps
     venv = make_vec_env(
-        spec.env_id, n_envs=1, seed=spec.seed + seed_offset, env_kwargs=env_kwargs
+        robots.importable_id(spec.env_id), n_envs=1, seed=spec.seed + seed_offset,
+        env_kwargs=env_kwargs, wrapper_class=randomization_wrapper(randomization),
     )
     if spec.normalize:
         venv = VecNormalize(
             venv, norm_obs=spec.norm_obs, norm_reward=False, clip_obs=spec.clip_obs, training=False
         )
     return venv
+
+
+def randomization_wrapper(
+    settings: RandomizationConfig | None,
+) -> Callable[[Any], Any] | None:
+    """SB3 ``wrapper_class`` applying ``settings`` (None when nothing is randomized)."""
+    if settings is None or not randomization.is_active(settings):
+        return None
+    return functools.partial(randomization.wrap, settings=settings)
 
 
 def physical_cores() -> int:

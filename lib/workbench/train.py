@@ -24,7 +24,7 @@ from stable_baselines3.common.utils import get_linear_fn
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
 from workbench import config, console, envs, manifest, tracking
-from workbench.callbacks import IterationCallback, evaluate
+from workbench.callbacks import IterationCallback, evaluate, reward_component_callbacks
 from workbench.config import WorkbenchConfig
 
 ACTIVATIONS = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU, "elu": torch.nn.ELU}
@@ -88,13 +88,14 @@ def train(
         client.log_text(run_id, manifest.scrub_yaml(config.to_dict(cfg)), "config.yaml")
         spec = env_spec(cfg)
         train_env = envs.make_envs(spec)
-        eval_env = envs.make_eval_env(spec)
+        eval_env = envs.make_eval_env(spec, randomization=cfg.eval.randomization)
         model = build_model(cfg, train_env)
         console.print_header(header_lines(cfg, derived, model, threads, uri, run_id, run_name))
         model.set_logger(build_logger(client, run_id, cfg, derived.iterations))
 
         started = time.perf_counter()
-        model.learn(cfg.total_timesteps, callback=build_callbacks(cfg, eval_env), log_interval=1)
+        callbacks = build_callbacks(cfg, eval_env) + reward_component_callbacks(train_env)
+        model.learn(cfg.total_timesteps, callback=callbacks, log_interval=1)
         wall = time.perf_counter() - started
 
         mean, std = evaluate(model, train_env, eval_env, cfg.eval.final_episodes)
@@ -159,6 +160,7 @@ def env_spec(cfg: WorkbenchConfig) -> envs.EnvSpec:
         norm_obs=e.norm_obs,
         norm_reward=e.norm_reward,
         clip_obs=e.clip_obs,
+        randomization=e.randomization,
     )
 
 

@@ -1,0 +1,58 @@
+"""Off-screen rendering for the workbench's robots, with an error a person can act on.
+
+MuJoCo renders through an OpenGL context chosen by ``MUJOCO_GL`` (``glfw`` needs a display,
+``egl`` a libEGL (GPU driver or Mesa), ``osmesa`` Mesa's software renderer). Gymnasium's
+renderer, when the variable is unset, takes the first backend that *imports*, which on a
+headless server is ``glfw``, and then fails with an opaque ``FatalError`` when the context is
+made. So before the first frame we pick ``egl`` on machines without a display, and turn
+whatever still fails into one line saying what to install or set.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+BACKEND_HINT = (
+    "off-screen rendering needs an OpenGL backend: set MUJOCO_GL=egl (libEGL: a GPU driver "
+    "or Mesa, apt-get install libegl1) or MUJOCO_GL=osmesa (apt-get install libosmesa6), "
+    "or render on a machine with a display (MUJOCO_GL=glfw)"
+)
+
+
+class RenderingUnavailable(RuntimeError):
+    """No OpenGL context could be created for rendering."""
+
+
+def prefer_offscreen_backend() -> None:
+    """Choose ``MUJOCO_GL=egl`` on a machine without a display, unless the user chose.
+
+    It must be set before the first OpenGL import in the process (PyOpenGL fixes its
+    platform then), hence at environment construction rather than at the first frame.
+    """
+    if "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
+        os.environ["MUJOCO_GL"] = "egl"
+
+
+def check_display(render_mode: str | None) -> None:
+    """Refuse ``render_mode="human"`` without a display: GLFW would abort the process."""
+    if render_mode == "human" and not os.environ.get("DISPLAY"):
+        raise RenderingUnavailable(
+            "render_mode='human' needs a display (DISPLAY is not set); use "
+            "render_mode='rgb_array' for off-screen frames"
+        )
+
+
+def render_or_explain(render: Callable[[], Any]) -> Any:
+    """Call ``render``; an OpenGL failure becomes :class:`RenderingUnavailable` with a fix."""
+    try:
+        return render()
+    except RenderingUnavailable:
+        raise
+    except Exception as exc:  # mujoco.FatalError, ImportError, RuntimeError, AttributeError
+        backend = os.environ.get("MUJOCO_GL", "unset")
+        raise RenderingUnavailable(
+            f"render failed with MUJOCO_GL={backend} ({type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); {BACKEND_HINT}"
+        ) from exc

@@ -1,0 +1,360 @@
+"""The mini duck: Gymnasium/SB3 checkers, observation layout, reward components, endings,
+config, MLflow logging of ``reward/<component>``, and a short training that beats random."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+from mlflow.tracking import MlflowClient
+from stable_baselines3 import PPO
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.vec_env import VecEnv, VecNormalize
+from workbench import envs
+from workbench.callbacks import RewardComponentsCallback, reward_component_callbacks
+from workbench.config import ConfigError, load_config
+from workbench.robots import MINI_DUCK_ID, importable_id
+from workbench.robots.duck import MiniDuckEnv, RewardWeights
+from workbench.robots.rendering import RenderingUnavailable
+from workbench.train import build_model, env_spec, train
+
+from .conftest import TINY, run_cli
+
+NAMES = MiniDuckEnv.reward_component_names
+
+
+def make(**kwargs: Any) -> gymnasium.Env:
+    return gymnasium.make(MINI_DUCK_ID, **kwargs)
+
+
+# --------------------------------------------------------------------------- API checkers
+
+
+def test_gymnasium_env_checker() -> None:
+    # Render modes are checked by test_render_rgb_array where a GL backend exists.
+    check_env(make().unwrapped, skip_render_check=True)
+
+
+def test_sb3_env_checker() -> None:
+    sb3_check_env(make())
+
+
+def test_render_rgb_array() -> None:
+    env = make(render_mode="rgb_array", width=96, height=64)
+    env.reset(seed=0)
+    try:
+        frame = env.render()
+    except RenderingUnavailable as exc:  # no OpenGL backend here: the error says what to do
+        assert "MUJOCO_GL" in str(exc)
+        pytest.skip(f"no off-screen OpenGL backend: {exc}")
+    assert isinstance(frame, np.ndarray)
+    assert frame.shape == (64, 96, 3) and frame.dtype == np.uint8
+    assert frame.std() > 1.0  # a picture, not a blank buffer
+    env.close()
+
+
+def test_human_render_without_display_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DISPLAY", raising=False)
+    with pytest.raises(RenderingUnavailable, match="needs a display"):
+        make(render_mode="human")
+
+
+def test_observation_layout() -> None:
+    env = make()
+    obs, _ = env.reset(seed=0)
+    duck = env.unwrapped
+    assert isinstance(duck, MiniDuckEnv)
+    assert env.observation_space.shape == (31,) and env.action_space.shape == (8,)
+    np.testing.assert_array_equal(obs[23:], np.zeros(8))  # no previous action yet
+    action = np.linspace(-0.5, 0.5, 8, dtype=np.float32)
+    obs, *_ = env.step(action)
+    qpos, qvel = duck.data.qpos, duck.data.qvel
+    np.testing.assert_array_equal(obs[:8], qpos[7:])  # joint positions
+    np.testing.assert_array_equal(obs[8:16], qvel[6:])  # joint velocities
+    np.testing.assert_array_equal(obs[16:20], qpos[3:7])  # torso orientation (quaternion)
+    np.testing.assert_array_equal(obs[20:23], qvel[3:6])  # gyro
+    np.testing.assert_array_equal(obs[23:], action.astype(np.float64))  # previous action
+    # Actions map linearly onto the joint ranges.
+    low, high = duck.model.actuator_ctrlrange.T
+    np.testing.assert_allclose(duck.data.ctrl, (low + high) / 2 + action * (high - low) / 2)
+
+
+# --------------------------------------------------------------------------- reward
+
+
+def test_reward_components_sum_exactly_to_the_reward() -> None:
+    env = make()
+    env.reset(seed=1)
+    env.action_space.seed(1)
+    steps = 0
+    for episode in range(3):
+        done = False
+        while not done:
+            action = env.action_space.sample() if episode != 1 else STAND_ACTION
+            _, reward, terminated, truncated, info = env.step(action)
+            components = info["reward_components"]
+            assert tuple(components) == NAMES
+            assert reward == sum(components.values())  # exact, not approximate
+            steps += 1
+            done = terminated or truncated or (episode == 1 and steps > 300)
+        env.reset()
+    assert steps > 300
+
+
+# The standing keyframe's servo targets as a normalized action (hip -0.4, knee 0.8, ankle -0.4).
+STAND_ACTION = np.array([0, -0.25, 0, -0.5] * 2, dtype=np.float32)
+
+
+def test_forward_term_telescopes_to_net_distance() -> None:
+    # Signed progress: its episode sum is (distance covered) / dt, so jitter earns nothing.
+    env = make(reward_weights={"forward": 1.0}, max_speed=1e9)
+    env.reset(seed=2)
+    env.action_space.seed(2)
+    duck = env.unwrapped
+    start = float(duck.data.qpos[0])
+    total = 0.0
+    for _ in range(60):
+        _, _, terminated, truncated, info = env.step(env.action_space.sample())
+        total += info["reward_components"]["forward"]
+        if terminated or truncated:
+            break
+    assert total * duck.dt == pytest.approx(info["x_position"] - start, rel=1e-9, abs=1e-12)
+
+
+def test_forward_term_is_capped_at_max_speed() -> None:
+    env = make(reward_weights={"forward": 3.0}, max_speed=0.05)
+    env.reset(seed=4)
+    env.action_space.seed(4)
+    velocities = []
+    for _ in range(15):
+        _, _, terminated, _, info = env.step(env.action_space.sample())
+        velocities.append(info["x_velocity"])
+        assert info["reward_components"]["forward"] == 3.0 * np.clip(info["x_velocity"], -0.05,
+                                                                      0.05)
+        if terminated:
+            break
+    assert max(np.abs(velocities)) > 0.05  # the cap was exercised
+
+
+def test_weights_come_from_kwargs() -> None:
+    env = make(reward_weights={"alive": 2.0, "upright": 0.0, "forward": 0.0, "energy": 0.0,
+                               "action_rate": 0.0})
+    env.reset(seed=0)
+    _, reward, terminated, _, info = env.step(STAND_ACTION)
+    assert not terminated
+    assert info["reward_components"] == {"forward": 0.0, "upright": 0.0, "energy": -0.0,
+                                         "action_rate": -0.0, "alive": 2.0, "success": 0.0}
+    assert reward == 2.0
+
+
+def test_unknown_weight_is_rejected() -> None:
+    with pytest.raises(ValueError, match="reward_weights.fowrard: unknown reward component"):
+        make(reward_weights={"fowrard": 1.0})
+    with pytest.raises(ConfigError, match="env.kwargs for Workbench/MiniDuck-v0: reward_weights"):
+        load_config(["env=duck", "+env.kwargs.reward_weights.fowrard=1"])
+
+
+def test_cli_rejects_bad_weight_before_anything_runs(store: Path) -> None:
+    proc = run_cli("train", "env=duck", "env.kwargs.reward_weights.alive=much")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "reward_weights.alive='much': must be a number" in lines[0]
+    assert not store.exists()  # nothing written to the store
+
+
+def test_config_weights_match_the_env_defaults() -> None:
+    cfg = load_config(["env=duck"])
+    assert cfg.env.id == MINI_DUCK_ID
+    assert cfg.env.kwargs["reward_weights"] == dataclasses.asdict(RewardWeights())
+
+
+# --------------------------------------------------------------------------- endings
+
+
+def test_fall_terminates_without_alive_bonus() -> None:
+    env = make()
+    env.reset(seed=0)
+    info: dict[str, Any] = {}
+    for steps in range(1, 201):  # noqa: B007  (read after the loop)
+        _, _, terminated, truncated, info = env.step(np.zeros(8, dtype=np.float32))
+        if terminated:
+            break
+    assert terminated and not truncated and steps < 100  # mid-range targets tip it backwards
+    assert info["fell"] and not info["is_success"]
+    assert info["reward_components"]["alive"] == 0.0
+    assert info["upright"] < 0.5 or env.unwrapped.data.qpos[2] < 0.12
+
+
+def test_time_limit_truncates() -> None:
+    env = make(max_episode_steps=40)
+    env.reset(seed=0)
+    truncations = []
+    for _ in range(40):
+        _, _, terminated, truncated, info = env.step(STAND_ACTION)
+        assert not terminated
+        assert info["reward_components"]["alive"] == RewardWeights().alive
+        truncations.append(truncated)
+    assert truncations == [False] * 39 + [True]
+
+
+def test_goal_gives_success_bonus_and_ends_the_episode() -> None:
+    env = make(goal_distance=0.5)
+    env.reset(seed=0)
+    duck = env.unwrapped
+    duck.data.qpos[0] = 0.6  # carry the duck past the goal line
+    _, _, terminated, truncated, info = env.step(STAND_ACTION)
+    assert terminated and not truncated
+    assert info["is_success"] and not info["fell"]
+    assert info["reward_components"]["success"] == RewardWeights().success
+
+
+# --------------------------------------------------------------------------- workbench
+
+
+def test_reward_component_callback_only_for_envs_with_components() -> None:
+    duck = envs.make_envs(envs.EnvSpec(MINI_DUCK_ID, num_envs=1))
+    cheetah = envs.make_envs(envs.EnvSpec("HalfCheetah-v5", num_envs=1))
+    try:
+        (callback,) = reward_component_callbacks(duck)
+        assert isinstance(callback, RewardComponentsCallback) and callback.names == NAMES
+        assert reward_component_callbacks(cheetah) == []
+    finally:
+        duck.close()
+        cheetah.close()
+
+
+def test_component_means_are_the_rollout_mean_reward() -> None:
+    """The logged ``reward/*`` of an iteration add up to that rollout's mean step reward."""
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import Logger
+
+    class Rewards(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rewards: list[float] = []
+
+        def _on_step(self) -> bool:
+            self.rewards.extend(float(r) for r in self.locals["rewards"])
+            return True
+
+    venv = envs.make_envs(envs.EnvSpec(MINI_DUCK_ID, num_envs=2))
+    model = PPO("MlpPolicy", venv, n_steps=64, batch_size=64, n_epochs=1, seed=0, device="cpu")
+    model.set_logger(Logger(folder=None, output_formats=[]))
+    components, rewards = RewardComponentsCallback(NAMES), Rewards()
+    recorded: dict[str, float] = {}
+    original = model.logger.record
+
+    def record(key: str, value: Any, exclude: Any = None) -> None:
+        if key.startswith("reward/"):
+            recorded[key] = value
+        original(key, value, exclude)
+
+    model.logger.record = record  # type: ignore[method-assign]
+    model.learn(128, callback=[components, rewards])  # one rollout of 2 x 64 steps
+    venv.close()
+    assert set(recorded) == {f"reward/{name}" for name in NAMES}
+    # SB3 keeps the rollout's rewards as float32, hence the tolerance.
+    assert sum(recorded.values()) == pytest.approx(np.mean(rewards.rewards), rel=1e-6)
+
+
+def test_subprocess_workers_know_the_robot() -> None:
+    # forkserver workers import nothing of ours: the "module:id" form registers the duck there.
+    assert importable_id(MINI_DUCK_ID) == f"workbench.robots:{MINI_DUCK_ID}"
+    assert importable_id("Hopper-v5") == "Hopper-v5"
+    venv = envs.make_envs(envs.EnvSpec(MINI_DUCK_ID, num_envs=2, vec_env="subproc"))
+    try:
+        venv.reset()
+        _, rewards, _, infos = venv.step(np.zeros((2, 8), dtype=np.float32))
+        assert [sum(i["reward_components"].values()) for i in infos] == list(rewards)
+        assert venv.get_attr("reward_component_names") == [NAMES, NAMES]
+    finally:
+        venv.close()
+
+
+def test_tiny_training_logs_reward_components_and_randomization(store: Path) -> None:
+    overrides = [
+        *TINY, "env=duck", "tracking.system_metrics=false",
+        "env.randomization.friction=[0.8,1.2]", "env.randomization.obs_noise_std=0.01",
+        "eval.randomization.mass_scale=[0.9,1.1]", "eval.randomization.action_delay=1",
+    ]
+    result = train(load_config(overrides))
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED"
+    for name in NAMES:
+        steps = [m.step for m in client.get_metric_history(result.run_id, f"reward/{name}")]
+        assert sorted(steps) == [128, 256, 384], name
+    params = run.data.params
+    assert params["env.id"] == MINI_DUCK_ID
+    assert params["env.kwargs.reward_weights.forward"] == str(RewardWeights().forward)
+    assert params["env.randomization.friction"] == "[0.8, 1.2]"
+    assert params["env.randomization.obs_noise_std"] == "0.01"
+    assert params["env.randomization.mass_scale"] == "None"
+    assert params["eval.randomization.mass_scale"] == "[0.9, 1.1]"
+    assert params["eval.randomization.action_delay"] == "1"
+
+
+# --------------------------------------------------------------------------- learning
+
+
+class RandomPolicy:
+    """Uniform random actions, seeded: the baseline a trained policy must clearly beat."""
+
+    def __init__(self, space: gymnasium.spaces.Box, seed: int) -> None:
+        self.space = space
+        self.space.seed(seed)
+
+    def predict(self, observation: np.ndarray, *args: Any, **kwargs: Any) -> tuple[Any, None]:
+        return np.stack([self.space.sample() for _ in range(len(observation))]), None
+
+
+def mean_return(policy: Any, venv: VecEnv, episodes: int) -> tuple[float, float]:
+    mean, std = evaluate_policy(policy, venv, n_eval_episodes=episodes, deterministic=True)
+    return float(mean), float(std)  # type: ignore[arg-type]
+
+
+# experiment=duck: the preset that learns to stand in under a minute on 2 cores.
+LEARN = ["experiment=duck", "seed=0", "console.progress_bar=false",
+         "tracking.system_metrics=false"]
+
+
+@pytest.mark.slow
+def test_short_training_beats_random_and_untrained(store: Path, tmp_path: Path) -> None:
+    cfg = load_config(LEARN)
+    started = time.perf_counter()
+    result = train(cfg)
+    seconds = time.perf_counter() - started
+    # The saved model (weights + normalization statistics) is what gets evaluated.
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    folder = Path(client.download_artifacts(result.run_id, "model", str(tmp_path)))
+    spec = env_spec(cfg)
+    episodes = cfg.eval.final_episodes
+
+    def eval_env(normalize: bool) -> VecEnv:
+        venv = envs.make_eval_env(dataclasses.replace(spec, normalize=False))
+        if normalize:  # the run's frozen statistics, as at deployment
+            venv = VecNormalize.load(str(folder / "vecnormalize.pkl"), venv)
+            venv.training, venv.norm_reward = False, False
+        return venv
+
+    trained = mean_return(PPO.load(folder / "model.zip", device="cpu"), eval_env(True), episodes)
+    baseline_env = eval_env(False)
+    random = mean_return(RandomPolicy(baseline_env.action_space, cfg.seed), baseline_env, episodes)
+    untrained_env = eval_env(False)
+    untrained = mean_return(build_model(cfg, untrained_env), untrained_env, episodes)
+    print(f"\nmini duck, {cfg.total_timesteps} steps in {seconds:.0f} s: trained "
+          f"{trained[0]:.1f} +- {trained[1]:.1f}, random {random[0]:.1f} +- {random[1]:.1f}, "
+          f"untrained {untrained[0]:.1f} +- {untrained[1]:.1f} ({episodes} episodes each, "
+          "same seeds)")
+    assert trained[0] == pytest.approx(result.eval_mean_reward, rel=1e-6)
+    for name, (mean, std) in {"random": random, "untrained": untrained}.items():
+        margin = 3 * max(std, trained[1], 1.0)
+        assert trained[0] > mean + margin, (name, trained, mean, std)
