@@ -23,8 +23,9 @@ from stable_baselines3.common.vec_env import (
     VecNormalize,
 )
 
-from workbench import randomization, robots  # robots: registers the workbench's own ids
+from workbench import robots  # registers the workbench's own ids with gymnasium
 from workbench.config import RandomizationConfig
+from workbench.randomization import is_active, wrap
 
 VecEnvClass = type[DummyVecEnv] | type[SubprocVecEnv]
 VEC_ENV_CLASSES: dict[str, VecEnvClass] = {"dummy": DummyVecEnv, "subproc": SubprocVecEnv}
@@ -99,9 +100,9 @@ def randomization_wrapper(
     settings: RandomizationConfig | None,
 ) -> Callable[[Any], Any] | None:
     """SB3 ``wrapper_class`` applying ``settings`` (None when nothing is randomized)."""
-    if settings is None or not randomization.is_active(settings):
+    if settings is None or not is_active(settings):
         return None
-    return functools.partial(randomization.wrap, settings=settings)
+    return functools.partial(wrap, settings=settings)
 
 
 def physical_cores() -> int:
