@@ -12,13 +12,14 @@ CONSTRAINTS := $(if $(filter cpu,$(TORCH)),-c constraints/cpu.txt,)
 STAMP := $(VENV)/.installed-$(TORCH)
 ARGS ?=
 
-.PHONY: setup demo test test-slow test-all lint typecheck ui lab bench clean help server server-stop
+.PHONY: setup demo test test-slow test-all lint typecheck ui lab bench clean help server server-stop report
 
 help:
 	@echo "make demo       set up and run the demo training on the embedded MLflow store"
 	@echo "make test       set up and run the fast test suite"
 	@echo "make test-slow  the slow tests (CI runs them too)"
 	@echo "make ui         MLflow UI on http://127.0.0.1:5000"
+	@echo "make report     review report of the latest sweep (ARGS='sweep=ID' for another)"
 	@echo "make lab        JupyterLab on 127.0.0.1 with the project's kernel"
 	@echo "make server     team MLflow server (PostgreSQL, basic auth) on http://127.0.0.1:5050"
 	@echo "make lint       ruff; make typecheck: mypy"
@@ -52,6 +53,9 @@ typecheck: setup
 
 ui: setup
 	$(PY) -m workbench ui $(ARGS)
+
+report: setup
+	$(PY) -m workbench report $(ARGS)
 
 lab: setup
 	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --no-browser notebooks/

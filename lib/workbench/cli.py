@@ -50,7 +50,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
     tracking.make_client(uri)  # creates the embedded store's folder if needed
     print(f"MLflow UI on http://{args.host}:{args.port}  (store {tracking.redact_uri(uri)})")
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
-               "--host", args.host, "--port", str(args.port)]
+               "--host", args.host, "--port", str(args.port),
+               # One user, one machine: one worker starts fast (mlflow defaults to four).
+               "--workers", str(args.workers)]
     return subprocess.call(command)
 
 
@@ -83,6 +85,13 @@ def cmd_manifest(args: argparse.Namespace) -> int:
     return manifest.run_command(args)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write reports/<name>/ (index.html, report.md, figures) for a sweep or a set of runs."""
+    from workbench import report
+
+    return report.run_command(args)
+
+
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "train": (cmd_train, "train one PPO run; prints its MLflow run id"),
     "ui": (cmd_ui, "open the MLflow UI on the configured store (127.0.0.1)"),
@@ -91,6 +100,8 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "runs": (cmd_runs, "recorded runs: runs copy --from URI --to URI"),
     "manifest": (cmd_manifest, "print this machine's environment manifest; "
                  "'manifest diff RUN_A RUN_B' compares two runs"),
+    "report": (cmd_report, "write a review report for a sweep, an experiment or runs; "
+               "prints the path of its index.html"),
 }
 
 
@@ -117,9 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
 
             add_manifest_args(p)
             continue
+        if name == "report":  # selectors, output options, one option per threshold
+            from workbench.report import add_cli_arguments as add_report_arguments
+
+            add_report_arguments(p)
+            continue
         if name == "ui":
             p.add_argument("--host", default="127.0.0.1")
             p.add_argument("--port", type=int, default=5000)
+            p.add_argument("--workers", type=int, default=1, help="MLflow server worker processes")
         p.add_argument(
             "overrides", nargs="*", metavar="OVERRIDE",
             help="Hydra overrides, e.g. env=hopper env.num_envs=8 algo.n_steps=256 seed=3",

@@ -34,3 +34,9 @@ def default_tracking_uri() -> str:
 def artifacts_root() -> Path:
     """Artifact root of the embedded store ``experiments/mlartifacts``."""
     return experiments_dir() / "mlartifacts"
+
+
+def reports_dir() -> Path:
+    """Where ``workbench report`` writes ``<name>/`` (``WORKBENCH_REPORTS`` moves it)."""
+    env = os.environ.get("WORKBENCH_REPORTS")
+    return Path(env).resolve() if env else project_root() / "reports"

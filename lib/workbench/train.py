@@ -298,7 +298,19 @@ def run_tags_for(cfg: WorkbenchConfig) -> dict[str, str]:
     }
     if cfg.experiment_name:
         tags["preset"] = cfg.experiment_name
+    tags["mlflow.note.content"] = run_description(cfg)  # the run's description in MLflow's UI
     return tags
+
+
+def run_description(cfg: WorkbenchConfig) -> str:
+    """One sentence saying what the run trains, shown as its description in MLflow's UI."""
+    a, e = cfg.algo, cfg.env
+    preset = f"; preset {cfg.experiment_name}" if cfg.experiment_name else ""
+    return (
+        f"PPO on {e.id}: {e.num_envs} envs x {a.n_steps} steps = {e.num_envs * a.n_steps} "
+        f"samples per update (minibatch {a.batch_size}, {a.n_epochs} epochs, lr "
+        f"{a.learning_rate:g}), {cfg.total_timesteps} env steps, seed {cfg.seed}{preset}."
+    )
 
 
 def run_params(cfg: WorkbenchConfig, derived: config.Derived, threads: int) -> dict[str, Any]:

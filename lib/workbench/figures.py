@@ -1,0 +1,307 @@
+"""Comparison figures for team review, drawn to be read on a projector.
+
+Every function returns a matplotlib :class:`~matplotlib.figure.Figure` built without pyplot
+(no global figure state, no display needed), with labelled axes and units, a legend and a
+title; :func:`png_bytes` renders one for files and for embedding in HTML. A notebook shows
+the returned figures directly.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import matplotlib
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from workbench.diagnostics import Series
+
+# Large type and thick lines: the figures are shown on a projector in team meetings.
+STYLE: dict[Any, Any] = {  # rcParams keys are Literal-typed in matplotlib's stubs
+    "font.size": 15,
+    "axes.titlesize": 17,
+    "axes.labelsize": 15,
+    "legend.fontsize": 13,
+    "xtick.labelsize": 13,
+    "ytick.labelsize": 13,
+    "figure.titlesize": 19,
+    "lines.linewidth": 2.4,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+}
+PANEL_SIZE = (7.0, 5.2)  # inches per panel
+DPI = 100
+
+
+@dataclass(frozen=True)
+class Curves:
+    """One point's series of one metric: a line per point, a band across seeds."""
+
+    label: str
+    color: str
+    series: Sequence[Series]  # one per seed (run)
+
+
+@dataclass(frozen=True)
+class TimeSplit:
+    """Mean seconds per iteration of one point, by phase."""
+
+    label: str
+    rollout_s: float
+    update_s: float
+    eval_s: float  # evaluation, averaged over all iterations (0 when none ran)
+
+
+@dataclass(frozen=True)
+class GridMetric:
+    """One heatmap panel: which cell value, its title, unit and number format."""
+
+    key: str
+    title: str
+    unit: str
+    fmt: str  # e.g. "{:.0f}"
+    higher_is_better: bool
+
+
+# The heatmap panels of a report: keys of the cells report.grid_cells computes.
+GRID_METRICS = (
+    GridMetric("reward", "Final eval reward", "mean return", "{:.1f}", True),
+    GridMetric("fps", "Throughput", "env steps/s", "{:.0f}", True),
+    GridMetric("wall", "Wall time", "s", "{:.1f}", False),
+)
+
+
+def palette(labels: Sequence[str]) -> dict[str, str]:
+    """A stable color per label (tab10, then tab20 for more than ten points)."""
+    cmap = matplotlib.colormaps["tab10" if len(labels) <= 10 else "tab20"]
+    return {label: matplotlib.colors.to_hex(cmap(i % cmap.N)) for i, label in enumerate(labels)}
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """The figure as PNG."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight", facecolor="white")
+    return buffer.getvalue()
+
+
+def new_figure(panels: int, rows: int = 1) -> tuple[Figure, list[Axes]]:
+    """A figure with ``panels`` axes laid out in ``rows`` rows."""
+    cols = -(-panels // rows)
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=(PANEL_SIZE[0] * cols, PANEL_SIZE[1] * rows),
+                     layout="constrained")
+        axes = fig.subplots(rows, cols, squeeze=False).ravel().tolist()
+    for extra in axes[panels:]:
+        extra.set_visible(False)
+    return fig, axes[:panels]
+
+
+# --------------------------------------------------------------------------- curves
+
+
+def mean_band(series: Sequence[Series]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(steps, mean, std) across seeds on their common steps.
+
+    Seeds of one point log at the same steps (same num_envs x n_steps); otherwise they are
+    interpolated onto the steps of the shortest one, within the range all of them cover.
+    """
+    usable = [s for s in series if len(s)]
+    if not usable:
+        empty = np.zeros(0)
+        return empty, empty, empty
+    steps = [np.asarray(s.steps, dtype=float) for s in usable]
+    values = [np.asarray(s.values, dtype=float) for s in usable]
+    if all(len(st) == len(steps[0]) and np.array_equal(st, steps[0]) for st in steps):
+        grid, stacked = steps[0], np.vstack(values)
+    else:
+        end = min(st[-1] for st in steps)
+        grid = min(steps, key=len)
+        grid = grid[grid <= end]
+        stacked = np.vstack([np.interp(grid, st, v) for st, v in zip(steps, values, strict=True)])
+    with np.errstate(invalid="ignore"):
+        return grid, np.nanmean(stacked, axis=0), np.nanstd(stacked, axis=0)
+
+
+def draw_curves(ax: Axes, curves: Sequence[Curves], *, title: str, ylabel: str,
+                threshold: float | None = None) -> None:
+    """Mean line and ±std band per point on ``ax``; a dashed red line at ``threshold``."""
+    with matplotlib.rc_context(STYLE):
+        drawn = 0
+        for c in curves:
+            steps, mean, std = mean_band(c.series)
+            if not len(steps):
+                continue
+            seeds = len([s for s in c.series if len(s)])
+            label = c.label if seeds == 1 else f"{c.label} ({seeds} seeds)"
+            ax.plot(steps, mean, color=c.color, label=label, marker="o" if len(steps) < 8 else "")
+            if seeds > 1:
+                ax.fill_between(steps, mean - std, mean + std, color=c.color, alpha=0.18)
+            drawn += 1
+        if threshold is not None:
+            ax.axhline(threshold, color="crimson", linestyle="--", linewidth=2)
+            ax.annotate(f"diagnostic threshold {threshold:g}", (0.01, threshold),
+                        xycoords=("axes fraction", "data"), xytext=(0, 4),
+                        textcoords="offset points", color="crimson", fontsize=12)
+        ax.set_title(title)
+        ax.set_xlabel("environment steps")
+        ax.set_ylabel(ylabel)
+        ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4))
+        ax.ticklabel_format(axis="y", useOffset=False)
+        if not drawn:
+            ax.text(0.5, 0.5, "not logged", transform=ax.transAxes, ha="center", va="center")
+
+
+def legend_below(fig: Figure, axes: Sequence[Axes]) -> None:
+    """One legend for all panels, under them (the panels stay free for the curves)."""
+    handles, labels = [], []
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    if handles:
+        with matplotlib.rc_context(STYLE):
+            fig.legend(handles, labels, loc="outside lower center",
+                       ncol=min(4, len(labels)), frameon=False)
+
+
+def reward_figure(training: Sequence[Curves], evaluation: Sequence[Curves]) -> Figure:
+    """Episode reward vs environment steps per point (mean ± std over seeds)."""
+    panels = 2 if any(len(s) for c in evaluation for s in c.series) else 1
+    fig, axes = new_figure(panels)
+    draw_curves(axes[0], training, title="Training episodes (rollout/ep_rew_mean)",
+                ylabel="mean episode return")
+    if panels == 2:
+        draw_curves(axes[1], evaluation, title="Deterministic evaluation (eval/mean_reward)",
+                    ylabel="mean episode return")
+    legend_below(fig, axes)
+    with matplotlib.rc_context(STYLE):
+        fig.suptitle("Reward vs environment steps per point (line: mean, band: ±1 std over seeds)")
+    return fig
+
+
+def signals_figure(entropy: Sequence[Curves], clip_fraction: Sequence[Curves],
+                   approx_kl: Sequence[Curves], *, clip_max: float, kl_max: float) -> Figure:
+    """Entropy, clip_fraction and approx KL vs steps, thresholds drawn in."""
+    fig, axes = new_figure(3)
+    draw_curves(axes[0], entropy, title="Policy entropy (train/entropy)",
+                ylabel="entropy (nats)")
+    draw_curves(axes[1], clip_fraction, title="Clip fraction (train/clip_fraction)",
+                ylabel="fraction of samples clipped", threshold=clip_max)
+    draw_curves(axes[2], approx_kl, title="Approximate KL (train/approx_kl)",
+                ylabel="KL(old || new) (nats)", threshold=kl_max)
+    legend_below(fig, axes)
+    with matplotlib.rc_context(STYLE):
+        fig.suptitle("PPO update signals vs environment steps (mean ± std over seeds)")
+    return fig
+
+
+# --------------------------------------------------------------------------- grid heatmaps
+
+
+def grid_figure(cells: Mapping[tuple[int, int], Mapping[str, float]],
+                metrics: Sequence[GridMetric]) -> Figure:
+    """Heatmaps over num_envs x n_steps, one panel per metric, iso-batch diagonals marked.
+
+    ``cells`` maps (num_envs, n_steps) to the cell's values (means over seeds). Cells with
+    the same num_envs * n_steps (samples per update) are joined by a dashed line.
+    """
+    xs = sorted({ne for ne, _ in cells})
+    ys = sorted({ns for _, ns in cells})
+    fig, axes = new_figure(len(metrics))
+    for ax, metric in zip(axes, metrics, strict=True):
+        grid = np.full((len(ys), len(xs)), np.nan)
+        for (ne, ns), values in cells.items():
+            grid[ys.index(ns), xs.index(ne)] = values.get(metric.key, np.nan)
+        draw_heatmap(ax, grid, xs, ys, metric)
+        draw_iso_batch(ax, cells, xs, ys)
+    with matplotlib.rc_context(STYLE):
+        fig.suptitle("Final values over the num_envs × n_steps grid "
+                     "(mean over seeds; dashed: equal samples per update)")
+    return fig
+
+
+def draw_heatmap(ax: Axes, grid: np.ndarray, xs: Sequence[int], ys: Sequence[int],
+                 metric: GridMetric) -> None:
+    """One annotated heatmap panel with a colorbar."""
+    with matplotlib.rc_context(STYLE):
+        cmap = matplotlib.colormaps["viridis" if metric.higher_is_better else "viridis_r"]
+        cmap = cmap.with_extremes(bad="#dddddd")  # cells without a value: grey
+        masked = np.ma.masked_invalid(grid)
+        image = ax.imshow(masked, cmap=cmap, origin="lower", aspect="auto")
+        ax.figure.colorbar(image, ax=ax, label=metric.unit)  # type: ignore[union-attr]
+        finite = grid[np.isfinite(grid)]
+        middle = (finite.min() + finite.max()) / 2 if len(finite) else 0.0
+        for (row, col), value in np.ndenumerate(grid):
+            text = metric.fmt.format(value) if np.isfinite(value) else "n/a"
+            light = np.isfinite(value) and ((value < middle) == metric.higher_is_better)
+            ax.text(col, row, text, ha="center", va="center", fontsize=14, fontweight="bold",
+                    color="white" if light else "black")
+        ax.set_xticks(range(len(xs)), [str(x) for x in xs])
+        ax.set_yticks(range(len(ys)), [str(y) for y in ys])
+        ax.set_xlabel("num_envs (parallel environments)")
+        ax.set_ylabel("n_steps (steps per env per rollout)")
+        ax.set_title(f"{metric.title} ({metric.unit})")
+        ax.grid(False)
+
+
+def draw_iso_batch(ax: Axes, cells: Mapping[tuple[int, int], object], xs: Sequence[int],
+                   ys: Sequence[int]) -> None:
+    """Dashed lines through grid cells with equal num_envs * n_steps, labelled by that size."""
+    by_batch: dict[int, list[tuple[int, int]]] = {}
+    for ne, ns in cells:
+        by_batch.setdefault(ne * ns, []).append((xs.index(ne), ys.index(ns)))
+    drawn = False
+    with matplotlib.rc_context(STYLE):
+        for batch, points in sorted(by_batch.items()):
+            if len(points) < 2:
+                continue
+            points.sort()
+            cols, rows = zip(*points, strict=True)
+            ax.plot(cols, rows, linestyle="--", color="white", linewidth=2.5, alpha=0.9,
+                    label="equal num_envs × n_steps" if not drawn else None)
+            ax.annotate(f"{batch} samples", (cols[-1], rows[-1]), textcoords="offset points",
+                        xytext=(0, -22), ha="center", fontsize=12, color="white",
+                        fontweight="bold",
+                        bbox={"boxstyle": "round", "fc": "black", "alpha": 0.55, "lw": 0})
+            drawn = True
+        if drawn:
+            ax.legend(loc="upper left", framealpha=0.85, fontsize=12)
+
+
+# --------------------------------------------------------------------------- time split
+
+
+def time_split_figure(rows: Sequence[TimeSplit]) -> Figure:
+    """Stacked bars per point: seconds per iteration collecting, updating, evaluating."""
+    fig, (ax,) = new_figure(1)
+    fig.set_size_inches(PANEL_SIZE[0] * 2, max(3.5, 1.0 + 0.75 * len(rows)))
+    labels = [r.label for r in rows]
+    rollout = np.array([r.rollout_s for r in rows])
+    update = np.array([r.update_s for r in rows])
+    evaluation = np.array([r.eval_s for r in rows])
+    with matplotlib.rc_context(STYLE):
+        y = np.arange(len(rows))
+        ax.barh(y, rollout, color="#1f77b4", label="rollout (simulation, CPU)")
+        ax.barh(y, update, left=rollout, color="#ff7f0e", label="update (PPO epochs)")
+        if np.any(evaluation > 0):
+            ax.barh(y, evaluation, left=rollout + update, color="#7f7f7f", label="evaluation")
+        totals = rollout + update + evaluation
+        for i, total in enumerate(totals):
+            share = rollout[i] / (rollout[i] + update[i]) if rollout[i] + update[i] else 0.0
+            ax.text(total, i, f"  {total:.2f} s ({share:.0%} rollout)", va="center", fontsize=13)
+        ax.set_yticks(y, labels)
+        ax.invert_yaxis()
+        ax.set_xlim(0, float(np.max(totals)) * 1.35 if len(totals) and np.max(totals) > 0 else 1)
+        ax.set_xlabel("seconds per iteration (mean over iterations and seeds)")
+        ax.set_title("Time split per PPO iteration: rollout vs update")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22 - 0.2 / max(1, len(rows))),
+                  ncol=3, frameon=False)
+        ax.grid(axis="y", visible=False)
+    return fig

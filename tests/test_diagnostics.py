@@ -1,0 +1,272 @@
+"""Diagnostics and bottleneck verdicts on synthetic runs with exactly known series.
+
+Each synthetic run is logged to a real (temporary) MLflow SQLite store and read back through
+the report's loader, so NaN/inf and step ordering go through MLflow exactly as in a report.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+from workbench import report
+from workbench.config import ConfigError
+from workbench.diagnostics import (
+    Series,
+    Thresholds,
+    analyse_bottleneck,
+    diagnose,
+    longest_streak,
+)
+
+ITERATIONS = 20
+STEP = 1000
+BUDGET = ITERATIONS * STEP
+Values = dict[str, list[float]]
+
+
+def healthy() -> Values:
+    """A run that learns steadily: every check must stay silent on it."""
+    k = np.arange(1, ITERATIONS + 1, dtype=float)
+    return {
+        "rollout/ep_rew_mean": list(-100 + 50 * k),
+        "eval/mean_reward": list(-90 + 50 * k),
+        "train/clip_fraction": [0.1] * ITERATIONS,
+        "train/approx_kl": [0.01] * ITERATIONS,
+        "train/std": list(1.0 - 0.01 * k),
+        "train/entropy": list(8.5 - 0.06 * k),
+        "train/value_loss": [10.0] * ITERATIONS,
+        "time/rollout_s": [1.0] * ITERATIONS,
+        "time/update_s": [0.5] * ITERATIONS,
+    }
+
+
+def with_values(**changes: Callable[[list[float]], list[float]]) -> Values:
+    """The healthy series with some of them replaced (keys use '__' for '/')."""
+    series = healthy()
+    for key, change in changes.items():
+        name = key.replace("__", "/")
+        series[name] = change(list(series[name]))
+    return series
+
+
+def put(index_to_value: dict[int, float]) -> Callable[[list[float]], list[float]]:
+    """Set iteration k (1-based) to a value."""
+    def change(values: list[float]) -> list[float]:
+        for k, v in index_to_value.items():
+            values[k - 1] = v
+        return values
+    return change
+
+
+def const(value: float) -> Callable[[list[float]], list[float]]:
+    return lambda values: [value] * len(values)
+
+
+STD_COLLAPSE = [1.0, 0.5, 0.2, 0.1] + [0.1] * (ITERATIONS - 4)
+
+# name -> (series, expected check, expected triggering numbers)
+FIRING = {
+    "clip_fraction": (
+        with_values(train__clip_fraction=put({k: 0.45 for k in range(6, 11)})),
+        {"iterations": 5.0, "peak": 0.45, "first_step": 6000.0},
+    ),
+    "approx_kl": (
+        with_values(train__approx_kl=put({8: 0.12})),
+        {"iterations": 1.0, "max": 0.12, "max_step": 8000.0},
+    ),
+    "entropy_collapse": (
+        with_values(train__std=lambda _: list(STD_COLLAPSE),
+                    train__entropy=lambda _: [8.5 + 6 * math.log(s) for s in STD_COLLAPSE]),
+        {"ratio": 0.1, "step": 4000.0, "start": 1.0, "low": 0.1},
+    ),
+    "reward_flat": (
+        with_values(rollout__ep_rew_mean=const(-100.0)),
+        {"first": -100.0, "last": -100.0, "change": 0.0},
+    ),
+    "iteration_time": (
+        with_values(time__rollout_s=lambda v: [1.0] * 10 + [2.5] * 10),
+        {"first_s": 1.5, "last_s": 3.0, "growth": 2.0},
+    ),
+    "nonfinite": (
+        with_values(train__value_loss=put({12: math.nan})),
+        {"metrics": 1.0, "first_step": 12000.0},
+    ),
+}
+# Near misses that must stay silent as well as the healthy run.
+SILENT = {
+    "healthy": healthy(),
+    "clip_fraction_two_iterations": with_values(train__clip_fraction=put({6: 0.45, 7: 0.45})),
+    "approx_kl_at_threshold": with_values(train__approx_kl=put({8: 0.05})),
+    "entropy_falls_late": with_values(train__std=lambda v: v[:10] + [0.1] * 10),
+    "reward_rises_6_percent": with_values(rollout__ep_rew_mean=lambda v: [100.0] * 10
+                                          + [106.0] * 10),
+    "iteration_time_grows_40_percent": with_values(
+        time__rollout_s=lambda v: [1.0] * 10 + [1.6] * 10),
+}
+
+
+def log_run(client: MlflowClient, experiment_id: str, name: str, series: Values) -> str:
+    run = client.create_run(experiment_id, run_name=name,
+                            tags={"env": "synthetic", "num_envs": "1", "n_steps": str(STEP)})
+    client.log_param(run.info.run_id, "total_timesteps", BUDGET)
+    metrics = [Metric(key, value, 1_000_000 + k, k * STEP)
+               for key, values in series.items()
+               for k, value in enumerate(values, start=1)]
+    for start in range(0, len(metrics), 500):
+        client.log_batch(run.info.run_id, metrics=metrics[start:start + 500])
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return run.info.run_id
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, report.RunRecord]:
+    """Every synthetic run, logged to one store and read back with the report's loader."""
+    db = tmp_path_factory.mktemp("diagnostics") / "mlflow.db"
+    client = MlflowClient(f"sqlite:///{db}")
+    experiment_id = client.create_experiment("synthetic")
+    runs = {name: series for name, (series, _) in FIRING.items()} | SILENT
+    runs["infinite"] = with_values(train__value_loss=put({12: math.inf}))
+    ids = {name: log_run(client, experiment_id, name, series) for name, series in runs.items()}
+    return {name: report.load_run(client, client.get_run(i)) for name, i in ids.items()}
+
+
+@pytest.mark.parametrize("check", sorted(FIRING))
+def test_diagnostic_fires_with_its_numbers(logged: dict[str, report.RunRecord], check: str
+                                          ) -> None:
+    run = logged[check]
+    found = diagnose(run.metrics, run.budget, Thresholds())
+    assert [d.check for d in found] == [check]
+    assert dict(found[0].values) == pytest.approx(FIRING[check][1], rel=1e-12)
+    assert found[0].evidence and found[0].remedy
+
+
+@pytest.mark.parametrize("name", sorted(SILENT))
+def test_diagnostics_silent_on_healthy_runs(logged: dict[str, report.RunRecord], name: str
+                                           ) -> None:
+    run = logged[name]
+    assert diagnose(run.metrics, run.budget, Thresholds()) == []
+
+
+def test_inf_survives_the_sql_store_and_fires(logged: dict[str, report.RunRecord]) -> None:
+    run = logged["infinite"]
+    assert run.metrics["train/value_loss"].values[11] == math.inf
+    found = diagnose(run.metrics, run.budget, Thresholds())
+    assert [(d.check, dict(d.values)) for d in found] == [
+        ("nonfinite", {"metrics": 1.0, "first_step": 12000.0})]
+
+
+def test_evidence_names_the_numbers(logged: dict[str, report.RunRecord]) -> None:
+    run = logged["approx_kl"]
+    (found,) = diagnose(run.metrics, run.budget, Thresholds())
+    assert found.evidence == "approx_kl > 0.05 in 1 of 20 iterations, max 0.120 at step 8000"
+    (clip,) = diagnose(logged["clip_fraction"].metrics, BUDGET, Thresholds())
+    assert clip.evidence == ("clip_fraction > 0.3 for 5 consecutive iterations "
+                             "(steps 6000-10000), peak 0.450")
+
+
+def test_thresholds_are_configurable(logged: dict[str, report.RunRecord]) -> None:
+    run = logged["approx_kl"]
+    assert diagnose(run.metrics, run.budget, Thresholds(approx_kl_max=0.2)) == []
+    loose = Thresholds.from_mapping({"clip_fraction_iterations": "6"})
+    assert loose.clip_fraction_iterations == 6
+    assert diagnose(logged["clip_fraction"].metrics, BUDGET, loose) == []
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"approx_kl": 0.1}, "threshold 'approx_kl': unknown; valid thresholds: clip_fraction_max"),
+    ({"approx_kl_max": "high"}, "threshold approx_kl_max='high': expected float"),
+    ({"approx_kl_max": -1}, "threshold approx_kl_max=-1.0: must be > 0"),
+    ({"bound_share": 1.5}, "threshold bound_share=1.5: must be a fraction in (0, 1]"),
+])
+def test_bad_thresholds_fail_in_one_line(given: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Thresholds.from_mapping(given)
+    assert str(caught.value).startswith(message)
+    assert "\n" not in str(caught.value)
+
+
+# --------------------------------------------------------------------------- bottlenecks
+
+
+def series(values: list[float]) -> Series:
+    return Series.of([(k + 1) * STEP for k in range(len(values))], values)
+
+
+def timing(rollout: float, update: float, **system: list[float]) -> dict[str, Series]:
+    metrics = {"time/rollout_s": series([rollout] * 10), "time/update_s": series([update] * 10)}
+    for key, values in system.items():
+        metrics[f"system/{key}"] = series(values)
+    return metrics
+
+
+CPU_BUSY = {"cpu_utilization_percentage": [90.0] * 8}
+CPU_IDLE = {"cpu_utilization_percentage": [20.0] * 8}
+GPU_IDLE = {"gpu_0_utilization_percentage": [5.0] * 8}
+GPU_BUSY = {"gpu_0_utilization_percentage": [95.0] * 8}
+
+
+@pytest.mark.parametrize("metrics, verdict, share", [
+    (timing(1.6, 0.4, **CPU_BUSY), "sampling-bound", 0.8),
+    (timing(1.6, 0.4, **CPU_BUSY, **GPU_IDLE), "sampling-bound", 0.8),
+    (timing(1.6, 0.4, **CPU_IDLE), "neither busy", 0.8),
+    (timing(1.6, 0.4, **CPU_IDLE, **GPU_BUSY), "sampling-bound", 0.8),
+    (timing(0.4, 1.6, **CPU_BUSY), "update-bound", 0.2),
+    (timing(0.4, 1.6, **CPU_IDLE, **GPU_BUSY), "update-bound", 0.2),
+    (timing(1.0, 1.0, **CPU_BUSY), "balanced", 0.5),
+    (timing(1.0, 1.0, **CPU_IDLE, **GPU_IDLE), "neither busy", 0.5),
+    (timing(1.6, 0.4), "sampling-bound", 0.8),  # no system metrics: the split decides
+])
+def test_bottleneck_verdicts(metrics: dict[str, Series], verdict: str, share: float) -> None:
+    found = analyse_bottleneck(metrics, Thresholds())
+    assert found.verdict == verdict
+    assert found.rollout_share == pytest.approx(share)
+    assert found.verdicts == [verdict]
+    assert not found.memory_creeping
+
+
+def test_bottleneck_without_timings_is_unknown() -> None:
+    assert analyse_bottleneck({}, Thresholds()).verdict == "unknown"
+
+
+def test_memory_creeping_up_is_flagged_with_numbers() -> None:
+    memory = [2000.0, 2010.0, 2300.0, 2500.0, 2700.0, 2900.0, 3000.0, 3100.0]
+    found = analyse_bottleneck(timing(1.6, 0.4, **CPU_BUSY, system_memory_usage_megabytes=memory),
+                               Thresholds())
+    assert (found.memory_start_mb, found.memory_end_mb) == (2005.0, 3050.0)
+    assert found.memory_rise_mb == 1045.0
+    assert found.verdicts == ["sampling-bound", "memory creeping up"]
+    assert "leak" in found.remedy
+    steady = analyse_bottleneck(
+        timing(1.6, 0.4, system_memory_usage_megabytes=[2000.0, 2400.0] * 4), Thresholds())
+    assert steady.memory_rise_mb == 0.0 and not steady.memory_creeping
+    # A one-off jump (another job starting) rises as much but not steadily: not a leak.
+    jump = [2000.0, 2000.0, 3100.0, 3100.0, 2500.0, 2500.0, 3100.0, 3100.0]
+    found = analyse_bottleneck(timing(1.6, 0.4, system_memory_usage_megabytes=jump),
+                               Thresholds())
+    assert found.memory_rise_mb == 1100.0 and not found.memory_creeping
+    too_short = analyse_bottleneck(timing(1.6, 0.4, system_memory_usage_megabytes=memory[:7]),
+                                   Thresholds())
+    assert too_short.memory_rise_mb is None and not too_short.memory_creeping
+
+
+def test_gpu_metrics_logged_by_mlflow_are_read(tmp_path: Path) -> None:
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = client.create_run(client.create_experiment("gpu"))
+    metrics = [Metric("system/gpu_0_utilization_percentage", 10.0 * k, 0, k) for k in range(5)]
+    metrics += [Metric("system/gpu_1_utilization_percentage", 40.0, 0, k) for k in range(5)]
+    client.log_batch(run.info.run_id, metrics=metrics)
+    record = report.load_run(client, client.get_run(run.info.run_id))
+    assert analyse_bottleneck(record.metrics).gpu_percent == 30.0  # mean of 20 and 40
+
+
+def test_longest_streak() -> None:
+    flags = np.array([False, True, True, False, True, True, True, False])
+    assert longest_streak(flags) == (4, 3)
+    assert longest_streak(np.array([False, False])) == (0, 0)
+    assert longest_streak(np.array([True, True])) == (0, 2)

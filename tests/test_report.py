@@ -1,0 +1,391 @@
+"""Reports: a real small sweep end to end, run selection, ranking, manifests, bad input, UI."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+from workbench import report
+from workbench.cli import main
+from workbench.config import ConfigError
+from workbench.report import Selection
+
+from . import reportdata
+from .conftest import ROOT, run_cli
+
+FIGURES = ["grid_heatmaps.png", "reward_curves.png", "time_split.png", "update_signals.png"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> reportdata.Sweep:
+    return reportdata.sweep_fixture(tmp_path_factory)
+
+
+# --------------------------------------------------------------------------- a real sweep
+
+
+def test_report_of_a_real_sweep_writes_every_file(sweep: reportdata.Sweep, tmp_path: Path
+                                                  ) -> None:
+    proc = run_cli("report", f"sweep={sweep.sweep_id}", "--out", str(tmp_path), env=sweep.env())
+    assert proc.returncode == 0, proc.stderr
+    folder = tmp_path / f"sweep-{sweep.sweep_id}"
+    assert proc.stdout.strip().splitlines()[-1] == str(folder / "index.html")
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [*FIGURES, "index.html", "report.md"])
+    for name in FIGURES:
+        assert (folder / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+    page = (folder / "index.html").read_text()
+    embedded = re.findall(r'<img src="data:image/png;base64,([^"]+)"', page)
+    assert sorted(base64.b64decode(e) for e in embedded) == sorted(
+        (folder / n).read_bytes() for n in FIGURES)
+    # Self-contained: nothing is loaded from anywhere; links only point at the MLflow UI.
+    assert "<script" not in page and "<link" not in page and "@import" not in page
+    assert re.findall(r'src="(?!data:)', page) == []
+    run_links = set(re.findall(r'href="([^"]+)"', page))
+    assert run_links == {f"http://127.0.0.1:5000/#/experiments/1/runs/{run_id}"
+                         for run_id in sweep.child_ids}
+
+    markdown = (folder / "report.md").read_text()
+    for name in FIGURES:
+        assert f"]({name})" in markdown
+    # One content model, two renderings: the same headings in the same order.
+    md_headings = [line.lstrip("#").strip() for line in markdown.splitlines()
+                   if line.startswith("#")]
+    html_headings = [html.unescape(h) for h in re.findall(r"<h[123]>(.*?)</h[123]>", page)]
+    assert md_headings == html_headings
+    assert md_headings[:4] == ["Report: sweep tiny-grid", "Ranking", "Figures",
+                               "Reward vs environment steps"]
+    for rank in range(1, 5):  # the ranking's rows: four points
+        assert f"| {rank} | halfcheetah-ne" in markdown
+    assert "| 5 | " not in markdown
+
+
+def test_report_content_of_a_real_sweep(sweep: reportdata.Sweep) -> None:
+    client = reportdata.client_for(sweep)
+    rep = report.build_report(client, Selection(sweep_id=sweep.sweep_id), store=sweep.uri)
+    assert [r.run_id for r in rep.runs] == list(sweep.child_ids)  # oldest first, no parent
+    assert rep.description == "tiny grid for the report tests"
+    assert sorted(p.label for p in rep.points) == [
+        "halfcheetah-ne1-ns128", "halfcheetah-ne1-ns64", "halfcheetah-ne2-ns128",
+        "halfcheetah-ne2-ns64"]
+    two_seeds = next(p for p in rep.points if p.label == "halfcheetah-ne2-ns64")
+    assert [r.seed for r in two_seeds.runs] == [0, 1]
+    rewards = [r.final_reward for r in two_seeds.runs]
+    assert two_seeds.reward_mean == pytest.approx(sum(rewards) / 2)
+    assert two_seeds.reward_std == pytest.approx(abs(rewards[0] - rewards[1]) / 2)
+    ranked = [p.reward_mean for p in rep.points]
+    assert ranked == sorted(ranked, reverse=True)
+    assert set(report.grid_cells(rep.points)) == {(1, 64), (1, 128), (2, 64), (2, 128)}
+    assert [f.filename for f in rep.figures] == [
+        "reward_curves.png", "update_signals.png", "grid_heatmaps.png", "time_split.png"]
+    for run in rep.runs:
+        b = rep.bottlenecks[run.run_id]
+        assert b.rollout_s > 0 and b.update_s > 0 and 0 < b.rollout_share < 1
+        assert b.verdict in {"sampling-bound", "update-bound", "neither busy", "balanced"}
+        assert run.tags["mlflow.note.content"].startswith(
+            f"PPO on HalfCheetah-v5: {run.num_envs} envs x {run.n_steps} steps = "
+            f"{run.num_envs * run.n_steps} samples per update")
+    # Runs made before manifests existed: listed, not fatal.
+    env = rep.environment
+    if all(r.manifest is None for r in rep.runs):
+        assert env.without_manifest == [r.name for r in rep.runs]
+    else:
+        assert env.without_manifest == [] and env.one_environment
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def synthetic_run(client: MlflowClient, experiment_id: str, name: str, start: int,
+                  tags: dict[str, str] | None = None, reward: float | None = None,
+                  status: str = "FINISHED") -> str:
+    """A run with a name, start time, tags and optionally a final evaluation reward."""
+    run = client.create_run(experiment_id, start_time=start, run_name=name, tags=tags or {})
+    if reward is not None:
+        client.log_batch(run.info.run_id, metrics=[
+            Metric("summary/eval_mean_reward", reward, start, 100)])
+    client.set_terminated(run.info.run_id, status)
+    return run.info.run_id
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """Two sweeps in two experiments plus a plain run, with known start times."""
+    root = tmp_path_factory.mktemp("selection")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    alpha = client.create_experiment("alpha", artifact_location=(root / "a").as_uri())
+    beta = client.create_experiment("beta", artifact_location=(root / "b").as_uri())
+    ids: dict[str, object] = {"uri": uri, "root": root}
+
+    def sweep_tags(sweep_id: str, role: str, point: str = "") -> dict[str, str]:
+        tags = {"sweep_id": sweep_id, "sweep.role": role}
+        return tags | ({"sweep.point": point} if point else {})
+
+    ids["old_parent"] = synthetic_run(client, alpha, "sweep-old", 1000, sweep_tags("s-old",
+                                                                                   "parent"))
+    ids["old_a"] = synthetic_run(client, alpha, "p-ne1-ns8-s0", 1001,
+                                 sweep_tags("s-old", "child", "p-ne1-ns8-s0"))
+    ids["old_b"] = synthetic_run(client, alpha, "p-ne2-ns8-s0", 1002,
+                                 sweep_tags("s-old", "child", "p-ne2-ns8-s0"))
+    ids["plain"] = synthetic_run(client, alpha, "plain", 1003, {"preset": "demo"})
+    ids["new_parent"] = synthetic_run(client, beta, "sweep-new", 2000, sweep_tags("s-new",
+                                                                                  "parent"))
+    ids["new_a"] = synthetic_run(client, beta, "q-ne1-ns8-s0", 2001,
+                                 sweep_tags("s-new", "child", "q-ne1-ns8-s0"))
+    return ids
+
+
+def picked(synthetic: dict[str, object], selection: Selection) -> tuple[str | None, list[str]]:
+    uri = str(synthetic["uri"])
+    chosen, runs, _ = report.find_runs(MlflowClient(uri), selection, uri)
+    names = {v: k for k, v in synthetic.items() if isinstance(v, str)}
+    return chosen.sweep_id, [names[r.info.run_id] for r in runs]
+
+
+def test_no_selector_picks_the_latest_sweep(synthetic: dict[str, object]) -> None:
+    assert picked(synthetic, Selection()) == ("s-new", ["new_a"])
+
+
+@pytest.mark.parametrize("selection, expected", [
+    (Selection(sweep_id="s-old"), ["old_a", "old_b"]),
+    (Selection(experiment="alpha"), ["old_a", "old_b", "plain"]),
+    (Selection(experiment="alpha", tags={"preset": "demo"}), ["plain"]),
+    (Selection(tags={"sweep.point": "p-ne2-ns8-s0"}), ["old_b"]),
+])
+def test_selection_by_sweep_experiment_and_tags(synthetic: dict[str, object],
+                                                selection: Selection, expected: list[str]
+                                                ) -> None:
+    assert picked(synthetic, selection)[1] == expected
+
+
+def test_selection_by_run_ids_keeps_their_order(synthetic: dict[str, object]) -> None:
+    ids = (str(synthetic["plain"]), str(synthetic["old_a"]))
+    assert picked(synthetic, Selection(run_ids=ids))[1] == ["plain", "old_a"]
+
+
+def test_parse_selectors_splits_config_overrides() -> None:
+    selection, overrides = report.parse_selectors(
+        ["runs=a,b", "tag.seed=0", "tracking.uri=sqlite:///x.db"])
+    assert selection == Selection(run_ids=("a", "b"), tags={"seed": "0"})
+    assert overrides == ["tracking.uri=sqlite:///x.db"]
+    assert Selection(sweep_id="s1").default_name() == "sweep-s1"
+    assert Selection(experiment="my exp").default_name() == "experiment-my_exp"
+    assert Selection(run_ids=("b", "a")).default_name() == Selection(
+        run_ids=("a", "b")).default_name()
+    assert Selection(run_ids=("a", "b")).default_name().startswith("runs-2-")
+
+
+@pytest.mark.parametrize("selection, message", [
+    (Selection(sweep_id="nope"),
+     "sweep=nope: no runs with tag sweep_id=nope in {uri}; sweeps (latest first): s-new, s-old"),
+    (Selection(experiment="gamma"),
+     "experiment=gamma: no such experiment in {uri}; experiments: Default, alpha, beta"),
+    (Selection(run_ids=("0123abcd",)), "runs=0123abcd: no such run in {uri}"),
+    (Selection(experiment="beta", tags={"preset": "demo"}),
+     "experiment 'beta', tag preset=demo: no runs match in {uri}"),
+])
+def test_nothing_selected_is_one_clear_line(synthetic: dict[str, object], selection: Selection,
+                                            message: str) -> None:
+    uri = str(synthetic["uri"])
+    with pytest.raises(ConfigError) as caught:
+        report.find_runs(MlflowClient(uri), selection, uri)
+    assert str(caught.value).startswith(message.format(uri=uri))
+    assert "\n" not in str(caught.value)
+
+
+# --------------------------------------------------------------------------- ranking
+
+
+def test_a_diverged_run_never_ranks_first(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("rank", artifact_location=(tmp_path / "a").as_uri())
+
+    def run(name: str, num_envs: int, reward: float, status: str = "FINISHED") -> str:
+        return synthetic_run(client, exp, name, 1000 + num_envs, {
+            "env": "toy", "num_envs": str(num_envs), "n_steps": "8"}, reward, status)
+
+    diverged = run("diverged", 1, 900.0)
+    client.log_batch(diverged, metrics=[Metric("train/value_loss", math.nan, 0, 50)])
+    failed = run("failed", 2, 500.0, status="FAILED")
+    good = run("good", 3, 100.0)
+    rep = report.build_report(client, Selection(run_ids=(diverged, failed, good)), store=uri,
+                              with_figures=False)
+    assert [(p.label, p.diverged, p.finished) for p in rep.points] == [
+        ("toy-ne3-ns8", False, True), ("toy-ne2-ns8", False, False),
+        ("toy-ne1-ns8", True, True)]
+    ranking = next(b for b in report.report_blocks(rep) if b.kind == "table")
+    assert [row[1] for row in ranking.rows] == [
+        "toy-ne3-ns8", "toy-ne2-ns8", "toy-ne1-ns8 (diverged)"]
+    assert [row[7] for row in ranking.rows] == ["FINISHED", "FAILED", "FINISHED"]
+
+
+# --------------------------------------------------------------------------- manifests
+
+
+def manifest(torch: str = "2.13.0", host: str = "box") -> dict[str, object]:
+    return {
+        "created_at": "2026-01-01T00:00:00+00:00",
+        "python": {"version": "3.11.7"},
+        "packages": {"torch": torch, "mujoco": "3.3.0"},
+        "pip_freeze": [f"torch=={torch}", "mujoco==3.3.0", "rich==13.0"],
+        "os": {"system": "Linux", "kernel": "6.1"},
+        "hardware": {"cpu_model": "Xeon", "logical_cores": 2, "gpus": []},
+        "cuda": {"torch_cuda": None},
+        "git": {"commit": "abc", "dirty": False},
+        "run": {"hostname": host, "command": "workbench train ..."},
+    }
+
+
+@pytest.mark.parametrize("manifests, differing, shared_text", [
+    ([manifest(), manifest(), None],
+     {}, "All runs share one environment."),
+    ([manifest(), manifest(torch="2.12.0", host="other"), None],
+     {"packages.torch": {"2.13.0": ["r0"], "2.12.0": ["r1"]},
+      "run.hostname": {"box": ["r0"], "other": ["r1"]}}, None),
+])
+def test_manifest_facts_that_differ(tmp_path: Path, manifests: list[dict[str, object] | None],
+                                    differing: dict[str, dict[str, list[str]]],
+                                    shared_text: str | None) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("env", artifact_location=(tmp_path / "a").as_uri())
+    ids = []
+    for i, content in enumerate(manifests):
+        run_id = synthetic_run(client, exp, f"r{i}", 1000 + i, reward=1.0)
+        if content is not None:
+            client.log_text(run_id, json.dumps(content), "manifest.json")
+        ids.append(run_id)
+    rep = report.build_report(client, Selection(run_ids=tuple(ids)), store=uri,
+                              with_figures=False)
+    assert rep.environment.differing == differing
+    assert rep.environment.without_manifest == ["r2"]
+    texts = [b.text for b in report.environment_blocks(rep.environment)]
+    if shared_text:
+        assert shared_text in texts
+        assert rep.environment.shared["packages.torch"] == "2.13.0"
+    else:
+        assert texts[1] == "2 manifest fact(s) differ between the runs shown:"
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["report", "sweep=a", "runs=b"], "sweep and runs: give only one of sweep=, experiment="),
+    (["report", "sweep="], "sweep=: empty value"),
+    (["report", "sweep=nope"], "sweep=nope: no runs with tag sweep_id=nope"),
+    (["report", "--approx-kl-max", "-1"], "threshold approx_kl_max=-1.0: must be > 0"),
+    (["report", "experiment=alpha", "--name", "../x"], "--name '../x': use letters"),
+    (["report", "algo.n_step=3"], "algo.n_step: unknown config key"),
+])
+def test_bad_input_exits_2_in_one_line(synthetic: dict[str, object], tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str], argv: list[str],
+                                       message: str) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", str(synthetic["uri"]))
+    monkeypatch.setenv("WORKBENCH_REPORTS", str(tmp_path / "reports"))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"workbench: error: {message}"), err
+    assert err.count("\n") == 1
+    assert not (tmp_path / "reports").exists()
+
+
+def test_missing_store_is_bad_input_and_creates_nothing(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    db = tmp_path / "none" / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    assert main(["report"]) == 2
+    assert capsys.readouterr().err == (
+        f"workbench: error: tracking store sqlite:///{db}: no such database; train or sweep "
+        "first, or set MLFLOW_TRACKING_URI / tracking.uri to the team's store\n")
+    assert not db.parent.exists()
+
+
+# --------------------------------------------------------------------------- notebook and UI
+
+
+@pytest.mark.slow
+def test_compare_notebook_runs_under_papermill(sweep: reportdata.Sweep, tmp_path: Path) -> None:
+    import papermill
+
+    output = tmp_path / "compare.ipynb"
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in sweep.env().items():
+            mp.setenv(key, value)
+        mp.setenv("WORKBENCH_REPORTS", str(tmp_path / "reports"))
+        papermill.execute_notebook(
+            str(ROOT / "notebooks" / "compare.ipynb"), str(output),
+            parameters={"sweep_id": sweep.sweep_id, "thresholds": {"approx_kl_max": 0.1}},
+            kernel_name="workbench", cwd=str(ROOT / "notebooks"),
+        )
+    cells = json.loads(output.read_text())["cells"]
+    outputs = [o for c in cells if c["cell_type"] == "code" for o in c.get("outputs", [])]
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(images) >= 4
+    texts = "".join("".join(o.get("data", {}).get("text/html", "")) for o in outputs)
+    assert "Ranking" in texts and "Diagnostics" in texts and "halfcheetah-ne2-ns64" in texts
+    assert (tmp_path / "reports" / f"sweep-{sweep.sweep_id}" / "index.html").is_file()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_ui_serves_runs_with_descriptions_and_sweep_tags(sweep: reportdata.Sweep) -> None:
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "workbench", "ui", "--port", str(port)], cwd=ROOT,
+        env=reportdata.environ(sweep), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,  # the MLflow server and its worker die with the group
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                assert server.poll() is None, "workbench ui exited"
+                time.sleep(1)
+        request = urllib.request.Request(
+            f"{base}/api/2.0/mlflow/runs/search", method="POST",
+            data=json.dumps({"experiment_ids": ["1"],
+                             "filter": f"tags.sweep_id = '{sweep.sweep_id}'"}).encode(),
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            runs = json.loads(answer.read())["runs"]
+        assert len(runs) == len(sweep.child_ids) + 1
+        for run in runs:
+            tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+            assert tags["mlflow.note.content"]
+            assert tags["sweep_id"] == sweep.sweep_id
+        with urllib.request.urlopen(f"{base}/", timeout=30) as answer:
+            assert b"<html" in answer.read().lower()
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)

@@ -1,0 +1,93 @@
+"""The report page in a real headless browser (Debian's chromium through Selenium).
+
+Opened from disk (file://) with networking off: every figure must load, the console must stay
+free of errors, and a full-page screenshot is saved next to the report for a human to look at.
+CI installs chromium and chromium-driver (.ci/run) and sets WORKBENCH_REQUIRE_BROWSER=1, so
+there a missing browser is a failure; elsewhere the test is skipped with the install line.
+Set WORKBENCH_SCREENSHOT_DIR to keep a copy of the screenshot (pytest's tmp dirs rotate).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from workbench import report
+from workbench.report import Selection
+
+from . import reportdata
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+INSTALL = "apt-get update && apt-get install -y chromium chromium-driver"
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> reportdata.Sweep:
+    return reportdata.sweep_fixture(tmp_path_factory)
+
+
+@pytest.fixture()
+def browser(tmp_path: Path) -> Iterator[object]:
+    """Headless chromium with a fresh profile, no network services, console logs captured."""
+    if not (CHROMIUM and CHROMEDRIVER):
+        if os.environ.get("WORKBENCH_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"chromium/chromedriver not found; install them: {INSTALL}")
+        pytest.skip(f"chromium/chromedriver not installed ({INSTALL})")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+                 f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,900"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_report_page_loads_every_figure_without_errors(sweep: reportdata.Sweep, tmp_path: Path,
+                                                       browser: object) -> None:
+    from selenium.webdriver.remote.webdriver import WebDriver
+
+    assert isinstance(browser, WebDriver)
+    client = reportdata.client_for(sweep)
+    rep = report.build_report(client, Selection(sweep_id=sweep.sweep_id), store=sweep.uri)
+    index = report.write_report(rep, tmp_path / "reports" / rep.name)
+
+    browser.get(index.as_uri())
+    assert browser.title == "Report: sweep tiny-grid"
+    images = browser.execute_script(
+        "return Array.from(document.images).map(i => [i.alt, i.complete, i.naturalWidth, "
+        "i.naturalHeight]);")
+    assert [alt for alt, *_ in images] == [f.title for f in rep.figures]
+    for alt, complete, width, height in images:
+        assert complete and width > 0 and height > 0, alt
+    resources = browser.execute_script(
+        "return performance.getEntriesByType('resource').map(r => r.name);")
+    assert resources == []  # nothing fetched: the page is self-contained
+    tables = browser.execute_script("return document.querySelectorAll('table').length;")
+    assert tables == sum(1 for b in report.report_blocks(rep)
+                                                if b.kind in ("table", "card"))
+    errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+    assert errors == []
+
+    height = browser.execute_script("return document.documentElement.scrollHeight;")
+    browser.set_window_size(1400, min(int(height) + 100, 16000))
+    screenshot = index.parent / "screenshot.png"
+    assert browser.save_screenshot(str(screenshot))
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    keep = os.environ.get("WORKBENCH_SCREENSHOT_DIR")  # e.g. CI artifacts; tmp dirs rotate
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(screenshot, Path(keep) / "report-screenshot.png")
+    print(f"screenshot: {screenshot}")
