@@ -247,9 +247,9 @@ def manifest(torch: str = "2.13.0", host: str = "box") -> dict[str, object]:
         "pip_freeze": [f"torch=={torch}", "mujoco==3.3.0", "rich==13.0"],
         "os": {"system": "Linux", "kernel": "6.1"},
         "hardware": {"cpu_model": "Xeon", "logical_cores": 2, "gpus": []},
-        "cuda": {"torch_cuda": None},
-        "git": {"commit": "abc", "dirty": False},
-        "run": {"hostname": host, "command": "workbench train ..."},
+        "cuda": {"torch_cuda": None, "cudnn": None, "driver": None},
+        "git": {"commit": "abc", "branch": "main", "dirty": False},
+        "run": {"hostname": host, "command": "workbench train ...", "cwd": f"/home/{host}"},
     }
 
 
@@ -279,7 +279,10 @@ def test_manifest_facts_that_differ(tmp_path: Path, manifests: list[dict[str, ob
     texts = [b.text for b in report.environment_blocks(rep.environment)]
     if shared_text:
         assert shared_text in texts
-        assert rep.environment.shared["packages.torch"] == "2.13.0"
+        assert rep.environment.shared == {
+            "torch": "2.13.0", "mujoco": "3.3.0", "python": "3.11.7", "cuda": "none",
+            "gpu": "none", "kernel": "6.1", "host": "box", "git_commit": "abc",
+            "git_branch": "main", "git_dirty": "false"}
     else:
         assert texts[1] == "2 manifest fact(s) differ between the runs shown:"
 

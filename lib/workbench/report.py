@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # mlflow and matplotlib load on use: `workbench --help` stays
 
     from workbench import figures
 
-MANIFEST_FILE = "manifest.json"
+MANIFEST_FILE = "manifest.json"  # workbench.manifest.MANIFEST_FILE, at the artifact root
 DEFAULT_UI_URL = "http://127.0.0.1:5000"
 SWEEP_ID, SWEEP_ROLE, SWEEP_POINT = "sweep_id", "sweep.role", "sweep.point"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -52,14 +52,6 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # what makes a grid point.
 POINT_IGNORED = ("seed", "derived.", "tracking.", "console.", "sweep.", "env.num_envs",
                  "algo.n_steps", "env.name", "env.id")
-# Manifest facts that describe one invocation, not the environment.
-MANIFEST_SECTIONS = ("python", "packages", "os", "hardware", "cuda", "git")
-MANIFEST_HEADLINE = (
-    "python.version", "packages.torch", "packages.stable-baselines3", "packages.gymnasium",
-    "packages.mujoco", "packages.mlflow", "os.distribution", "os.kernel", "hardware.cpu_model",
-    "hardware.logical_cores", "hardware.gpus", "cuda.torch_cuda", "cuda.driver", "git.commit",
-    "git.dirty", "run.hostname",
-)
 
 
 # --------------------------------------------------------------------------- selection
@@ -422,7 +414,7 @@ class FigureFile:
 class EnvironmentFacts:
     """What the runs' manifests say about their environment."""
 
-    shared: dict[str, str]  # headline facts, when every manifest agrees on them
+    shared: dict[str, str]  # headline facts (as run tags), when no manifest fact differs
     differing: dict[str, dict[str, list[str]]]  # fact -> value -> run names
     without_manifest: list[str]  # run names
 
@@ -532,35 +524,33 @@ def build_report(
 
 
 def manifest_facts(manifest: Mapping[str, Any]) -> dict[str, str]:
-    """A manifest's environment facts as ``{"section.key": text}`` (no per-run details).
+    """A manifest's environment facts as ``{"section.key": text}``.
 
-    ``created_at`` and the run section (command, cwd, ids) describe one invocation and are
-    left out, except the host; ``pip_freeze`` is compared package by package.
+    The manifest module decides what counts as environment (``manifest.comparable``: no
+    timestamps, no per-invocation details; pip freeze per package); values become text.
     """
-    facts: dict[str, str] = {}
-    for section in MANIFEST_SECTIONS:
-        facts.update(flatten_facts(manifest.get(section), section))
-    headline = set(manifest.get("packages") or {})
-    for line in manifest.get("pip_freeze") or []:
-        package, _, version = str(line).partition("==")
-        if package not in headline:
-            facts[f"pip_freeze.{package}"] = version
-    run = manifest.get("run") or {}
-    if isinstance(run, Mapping) and run.get("hostname"):
-        facts["run.hostname"] = str(run["hostname"])
-    return facts
+    from workbench.manifest import comparable
+
+    return {key: fact_text(value) for key, value in comparable(manifest).items()}
 
 
-def flatten_facts(value: Any, prefix: str) -> dict[str, str]:
-    """Nested dicts to dotted keys; lists (e.g. GPUs) kept whole as JSON text."""
-    if isinstance(value, Mapping):
-        flat: dict[str, str] = {}
-        for k, v in value.items():
-            flat.update(flatten_facts(v, f"{prefix}.{k}"))
-        return flat
-    if isinstance(value, list):
-        return {prefix: json.dumps(value, sort_keys=True, default=str)}
-    return {prefix: "null" if value is None else str(value)}
+def fact_text(value: Any) -> str:
+    """A manifest value as table text (lists and mappings as compact JSON)."""
+    if value is None:
+        return "null"
+    if isinstance(value, list | dict):
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)
+
+
+def headline_facts(manifest: Mapping[str, Any]) -> dict[str, str]:
+    """The facts one filters by (versions, CUDA, GPU, kernel, host, git), as the run tags."""
+    from workbench.manifest import headline_tags
+
+    try:
+        return headline_tags(manifest)
+    except (KeyError, TypeError, AttributeError):  # a partial manifest from an older workbench
+        return {}
 
 
 def environment_facts(runs: Sequence[RunRecord]) -> EnvironmentFacts:
@@ -576,8 +566,8 @@ def environment_facts(runs: Sequence[RunRecord]) -> EnvironmentFacts:
             by_value.setdefault(facts.get(key, "(absent)"), []).append(run_name)
         if len(by_value) > 1:
             differing[key] = by_value
-    first = next(iter(per_run.values()), {})
-    shared = {k: first[k] for k in MANIFEST_HEADLINE if k in first and k not in differing}
+    shared = headline_facts(with_manifest[0].manifest or {}) if with_manifest and not differing \
+        else {}
     return EnvironmentFacts(shared=shared, differing=differing, without_manifest=without)
 
 
