@@ -94,7 +94,8 @@ def assert_exact_copies(source: dict[str, Any], src: MlflowClient, dst: MlflowCl
         original = snapshot(src, source_id)
         assert as_source(snapshot(dst, copy_id), id_map) == original
     child = snapshot(src, source["child"])
-    assert {"config.yaml", "model/model.zip", "model/config.yaml"} <= set(child["artifacts"])
+    assert {"manifest.json", "config.yaml", "model/model.zip", "model/config.yaml"} <= set(
+        child["artifacts"])
     assert len(child["metrics"]["rollout/ep_rew_mean"]) >= 2  # a history, not a last value
 
 

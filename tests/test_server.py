@@ -183,9 +183,9 @@ def test_concurrent_trainings_log_complete_runs(team_server: TeamServer) -> None
             assert [m.step for m in history] == [128, 256, 384]
             assert "summary/eval_mean_reward" in run.data.metrics
             files = {f.path for f in client.list_artifacts(run.info.run_id)}
-            assert {"config.yaml", "model"} <= files
+            assert {"manifest.json", "config.yaml", "model"} <= files
             assert {f.path for f in client.list_artifacts(run.info.run_id, "model")} == {
-                "model/config.yaml", "model/model.zip"}
+                "model/config.yaml", "model/manifest.json", "model/model.zip"}
         assert sorted(r.data.tags["seed"] for r in runs) == ["0", "1"]
     # The rows really are in PostgreSQL.
     assert sorted(psql(team_server, "mlflow", "SELECT run_uuid FROM runs WHERE experiment_id = "
