@@ -291,7 +291,9 @@ def start_postgres(layout: Layout, bin_dir: Path, user: pwd.struct_passwd | None
 
 def stop_postgres(layout: Layout, bin_dir: Path, user: pwd.struct_passwd | None) -> bool:
     """``pg_ctl stop -m fast`` if the cluster runs; returns True if it was running."""
-    if not (layout.pgdata / "postmaster.pid").exists():
+    # A postmaster.pid left by a crash or reboot names no live server: nothing to stop
+    # (PostgreSQL itself replaces the stale file at its next start).
+    if not postgres_running(layout, bin_dir, user):
         return False
     _run([str(bin_dir / "pg_ctl"), "-D", str(layout.pgdata), "-m", "fast", "-w", "-t", "60",
           "stop"], user, what="pg_ctl stop")
