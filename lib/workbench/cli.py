@@ -11,8 +11,9 @@ import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
+from typing import Any
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143
@@ -92,6 +93,50 @@ def cmd_report(args: argparse.Namespace) -> int:
     return report.run_command(args)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Export a run's policy to TorchScript + ONNX and verify it (workbench.export)."""
+    from workbench import export
+
+    return export.main(args.overrides)
+
+
+def cmd_hub(args: argparse.Namespace) -> int:
+    """Push a run's policy bundle to the Hugging Face Hub, or pull one (workbench.hub)."""
+    from workbench import hub
+
+    return hub.main(args.overrides)
+
+
+def key_value_arguments(
+    tokens: Sequence[str], allowed: Mapping[str, Callable[[str], Any]], *, command: str
+) -> dict[str, Any]:
+    """Parse ``key=value`` arguments of ``command`` into typed values.
+
+    Unknown keys, repeated keys, missing ``=`` and values of the wrong type raise
+    ``ConfigError`` with one line naming the argument and the fix.
+    """
+    from workbench.config import ConfigError
+
+    parsed: dict[str, Any] = {}
+    for token in tokens:
+        key, sep, value = token.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{command}: argument {token!r}: write key=value, e.g. run=<run_id>")
+        if key not in allowed:
+            keys = ", ".join(allowed)
+            raise ConfigError(f"{command}: unknown argument {key!r}; valid arguments: {keys}")
+        if key in parsed:
+            raise ConfigError(f"{command}: argument {key!r} given twice; give it once")
+        if not value:
+            raise ConfigError(f"{command}: {key}= is empty; give a value, e.g. {key}=...")
+        try:
+            parsed[key] = allowed[key](value)
+        except ValueError as exc:
+            kind = getattr(allowed[key], "__name__", "another value")
+            raise ConfigError(f"{command}: {key}={value!r}: expected {kind}") from exc
+    return parsed
+
+
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "train": (cmd_train, "train one PPO run; prints its MLflow run id"),
     "ui": (cmd_ui, "open the MLflow UI on the configured store (127.0.0.1)"),
@@ -102,6 +147,10 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
                  "'manifest diff RUN_A RUN_B' compares two runs"),
     "report": (cmd_report, "write a review report for a sweep, an experiment or runs; "
                "prints the path of its index.html"),
+    "export": (cmd_export, "export a run's policy to TorchScript + ONNX, verify parity, "
+               "replay and latency: export run=<run_id>"),
+    "hub": (cmd_hub, "Hugging Face Hub: hub push run=<run_id> repo_id=<org/name> | "
+            "hub pull repo_id=<org/name> revision=<sha|tag>"),
 }
 
 

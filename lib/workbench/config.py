@@ -159,6 +159,15 @@ class ReproConfig:
 
 
 @dataclass
+class InitConfig:
+    """Start training from a policy bundle pulled from the Hugging Face Hub (workbench.hub)."""
+
+    hub_repo_id: str | None = None  # e.g. my-org/halfcheetah-ppo; None: fresh initialization
+    hub_revision: str | None = None  # commit sha or tag (required with hub_repo_id); logged
+    # resolved to its commit as the param init.hub_commit
+
+
+@dataclass
 class WorkbenchConfig:
     """The whole, resolved configuration of one training run."""
 
@@ -169,6 +178,7 @@ class WorkbenchConfig:
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     repro: ReproConfig = field(default_factory=ReproConfig)
+    init: InitConfig = field(default_factory=InitConfig)
     experiment_name: str | None = None  # the experiment= preset this came from, if any
     total_timesteps: int = 100_000  # environment steps to train for
     seed: int = 0  # base seed: torch, numpy, and env rank r gets seed + r
@@ -328,6 +338,21 @@ def check_values(cfg: WorkbenchConfig) -> None:
 
     randomization.check_settings("env.randomization", cfg.env.randomization, cfg.env.id)
     randomization.check_settings("eval.randomization", cfg.eval.randomization, cfg.env.id)
+    check_init(cfg.init)
+
+
+def check_init(init: InitConfig) -> None:
+    """A Hub initialization names both the repository and a revision (never a moving default)."""
+    if init.hub_repo_id and not init.hub_revision:
+        raise ConfigError(
+            f"init.hub_revision: missing for init.hub_repo_id={init.hub_repo_id}; pin it, e.g. "
+            "init.hub_revision=<commit sha or tag> (workbench hub push prints the commit)"
+        )
+    if init.hub_revision and not init.hub_repo_id:
+        raise ConfigError(
+            f"init.hub_revision={init.hub_revision}: set without init.hub_repo_id; add "
+            "init.hub_repo_id=<org/name> or drop the revision"
+        )
 
 
 def check_env_id(env_id: str) -> None:

@@ -23,7 +23,7 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.utils import get_linear_fn
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
-from workbench import config, console, envs, manifest, tracking
+from workbench import config, console, envs, hub, manifest, tracking
 from workbench.callbacks import IterationCallback, evaluate, reward_component_callbacks
 from workbench.config import WorkbenchConfig
 
@@ -64,6 +64,9 @@ def train(
     """
     cfg = config.validate(cfg)  # type: ignore[arg-type]
     derived = config.derive(cfg)
+    # A Hub policy to start from is pulled, verified and checked against cfg before the run
+    # exists, so a wrong repo or revision is bad input, not a failed run (workbench.hub).
+    init_bundle = hub.pull_for_init(cfg)
     uri = tracking.resolve_tracking_uri(cfg.tracking.uri)
     client = tracking.make_client(uri)
     experiment_id = tracking.ensure_experiment(client, cfg.tracking.experiment, uri)
@@ -81,15 +84,21 @@ def train(
     train_env: VecEnv | None = None
     eval_env: VecEnv | None = None
     try:
+        if init_bundle is not None:  # the pulled policy's pinned commit, in the manifest's run
+            run_info = {**(run_info or {}), **hub.init_run_info(init_bundle)}
         run_manifest = manifest.record_manifest(
             client, run_id, run_info, seed=cfg.seed, keep_tags=list(run_tags)
         )
         tracking.log_params(client, run_id, manifest.scrub(run_params(cfg, derived, threads)))
         client.log_text(run_id, manifest.scrub_yaml(config.to_dict(cfg)), "config.yaml")
+        if init_bundle is not None:  # the commit a tag or branch resolved to, pinned
+            tracking.log_params(client, run_id, {"init.hub_commit": init_bundle.commit})
         spec = env_spec(cfg)
         train_env = envs.make_envs(spec)
         eval_env = envs.make_eval_env(spec, randomization=cfg.eval.randomization)
         model = build_model(cfg, train_env)
+        if init_bundle is not None:
+            hub.initialize_model(model, train_env, init_bundle)
         console.print_header(header_lines(cfg, derived, model, threads, uri, run_id, run_name))
         model.set_logger(build_logger(client, run_id, cfg, derived.iterations))
 

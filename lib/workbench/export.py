@@ -1,0 +1,824 @@
+"""Export a trained policy for deployment (TorchScript + ONNX) and verify it.
+
+A deployer feeds raw sensor values and wants actuator commands, so the exported graph holds
+everything between the two: the run's ``VecNormalize`` observation statistics (the same
+float64 formula SB3 uses), the actor network, and the deterministic action (the Gaussian's
+mean, as SB3's ``predict(deterministic=True)``) clipped to the action space.
+
+``export_run(run_id)`` writes ``policy.pt`` (TorchScript), ``policy.onnx`` (dynamic batch
+axis) and ``export_report.json`` and logs them to the run under ``export/``. The report holds
+three checks, the field practice "load the weights, run a trajectory, compare with the
+training log, measure the worst case" (see shared FIELD_NOTES.md):
+
+1. parity: exported outputs vs SB3 ``predict(deterministic=True)`` on observations recorded
+   from the environment (max abs difference, must be <= 1e-5 on CPU);
+2. replay: seeded episodes driven only by the ONNX Runtime session in a fresh environment,
+   mean return next to the run's final evaluation;
+3. latency: single-observation calls for SB3 eager, TorchScript and ONNX Runtime: p50, p99,
+   max, the first call on a freshly loaded instance, and the end-to-end time from the
+   environment's numpy observation to a numpy action.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from stable_baselines3 import PPO
+from stable_baselines3.common.distributions import DiagGaussianDistribution
+from stable_baselines3.common.vec_env import VecNormalize
+
+from workbench.config import ConfigError, WorkbenchConfig
+
+PARITY_TOLERANCE = 1e-5  # max abs action difference allowed on CPU (issue 7)
+DEFAULT_OBSERVATIONS = 256
+DEFAULT_EPISODES = 5
+DEFAULT_CALLS = 1000
+DEFAULT_WARMUP = 100
+MIN_CALLS = 1000  # latency percentiles need enough samples for a meaningful p99
+OBS_SEED_OFFSET = 30_000  # seeds apart from training (seed + r) and evaluation (seed + 10000)
+REPLAY_SEED_OFFSET = 20_000
+INPUT_NAME, OUTPUT_NAME = "obs", "action"
+REPORT_NAME = "export_report.json"
+ARTIFACT_DIR = "export"
+
+
+@dataclass
+class PolicySource:
+    """A trained policy with what inference needs: the SB3 model, its normalization, the env."""
+
+    model: PPO
+    vecnormalize: VecNormalize | None  # frozen statistics (training=False); None: raw obs
+    config: WorkbenchConfig
+    eval_mean_reward: float | None  # the training log's final evaluation, for the replay
+    eval_std_reward: float | None
+    origin: str  # "run <id>" or "bundle <dir>", for reports
+
+    def normalize(self, obs: np.ndarray) -> np.ndarray:
+        """Observations as the policy saw them in training (SB3's own ``normalize_obs``)."""
+        if self.vecnormalize is None:
+            return obs.astype(np.float32)
+        return np.asarray(self.vecnormalize.normalize_obs(obs))
+
+
+@dataclass
+class ExportResult:
+    """What an export produced: the report, where the files are, raw latency samples."""
+
+    report: dict[str, Any]
+    directory: Path
+    latency_samples: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.report["passed"])
+
+
+# --------------------------------------------------------------------------- the deployed graph
+
+
+class DeployedPolicy(torch.nn.Module):
+    """Raw observation -> deterministic action, as one graph.
+
+    ``forward`` is VecNormalize's formula in float64 (``clip((obs - mean) / sqrt(var + eps))``,
+    exactly what SB3 computes in numpy), cast to float32 as SB3 does, then SB3's actor path
+    (features extractor, ``mlp_extractor.policy_net``, ``action_net``: the Gaussian's mean) and
+    the clip to the action space that ``predict`` applies.
+    """
+
+    obs_mean: torch.Tensor
+    obs_std: torch.Tensor
+    action_low: torch.Tensor
+    action_high: torch.Tensor
+
+    def __init__(self, source: PolicySource) -> None:
+        super().__init__()
+        policy = source.model.policy
+        if not isinstance(policy.action_dist, DiagGaussianDistribution) or policy.squash_output:
+            raise ConfigError(
+                f"{source.origin}: export supports PPO's Gaussian MlpPolicy (no gSDE, no "
+                "squashed outputs); retrain without them"
+            )
+        self.features = policy.pi_features_extractor
+        self.actor = policy.mlp_extractor.policy_net
+        self.action_net = policy.action_net
+        self.actor_dtype = torch.float32  # float16 for the GPU variant
+        vecnorm = source.vecnormalize
+        self.normalize = vecnorm is not None and bool(vecnorm.norm_obs)
+        obs_dim = observation_dim(source)
+        mean, std, clip = np.zeros(obs_dim), np.ones(obs_dim), math.inf
+        if vecnorm is not None and self.normalize:
+            rms: Any = vecnorm.obs_rms  # one RunningMeanStd: Box observations
+            mean = np.asarray(rms.mean, dtype=np.float64)
+            std = np.sqrt(np.asarray(rms.var, dtype=np.float64) + vecnorm.epsilon)
+            clip = float(vecnorm.clip_obs)
+        self.clip_obs = clip
+        self.register_buffer("obs_mean", torch.as_tensor(mean, dtype=torch.float64))
+        self.register_buffer("obs_std", torch.as_tensor(std, dtype=torch.float64))
+        space: Any = source.model.action_space
+        self.register_buffer("action_low", torch.as_tensor(space.low, dtype=torch.float32))
+        self.register_buffer("action_high", torch.as_tensor(space.high, dtype=torch.float32))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs
+        if self.normalize:
+            x = (obs.to(torch.float64) - self.obs_mean) / self.obs_std
+            x = torch.clamp(x, -self.clip_obs, self.clip_obs)
+        x = x.to(torch.float32).to(self.actor_dtype)
+        action = self.action_net(self.actor(self.features(x))).to(torch.float32)
+        return torch.clamp(action, self.action_low, self.action_high)
+
+
+def observation_dim(source: PolicySource) -> int:
+    """Length of the flat observation vector the graph takes."""
+    from gymnasium.spaces import flatdim
+
+    return int(flatdim(source.model.observation_space))
+
+
+def config_from_yaml(text: str) -> WorkbenchConfig:
+    """A stored config.yaml, validated by the schema (YAML safe loading: no code runs)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from workbench import config
+
+    tree = OmegaConf.create(text)
+    if not isinstance(tree, DictConfig):
+        raise ConfigError("config.yaml: expected a mapping of config keys")
+    return config.validate(tree)
+
+
+def deployed_policy(source: PolicySource) -> DeployedPolicy:
+    """The exportable module of ``source`` in eval mode on the CPU."""
+    source.model.policy.set_training_mode(False)
+    return DeployedPolicy(source).eval().cpu()
+
+
+def example_input(obs_dim: int) -> torch.Tensor:
+    # Batch 2, not 1: torch.export specializes size-1 dimensions, which would pin the batch.
+    return torch.zeros(2, obs_dim, dtype=torch.float32)
+
+
+def export_torchscript(module: torch.nn.Module, path: Path, obs_dim: int) -> None:
+    """Trace ``module`` to TorchScript (field practice for small MLPs: trace, not script).
+
+    torch marks ``torch.jit`` deprecated in favour of ``torch.export``, but TorchScript is
+    still what LibTorch C++ controllers load, which is why the issue asks for it.
+    """
+    with torch.no_grad():
+        traced = torch.jit.trace(module, example_input(obs_dim))
+    traced.save(str(path))
+
+
+def export_onnx(module: torch.nn.Module, path: Path, obs_dim: int) -> int:
+    """Export ``module`` with torch's dynamo ONNX exporter (needs onnxscript); returns the opset.
+
+    The batch axis is dynamic, the weights are stored inside the file (one self-contained
+    ``policy.onnx``), and the opset is the exporter's default, i.e. current for this torch.
+    """
+    import onnx
+
+    batch = torch.export.Dim("batch")
+    with torch.no_grad(), quiet_onnx_exporter():
+        torch.onnx.export(
+            module,
+            (example_input(obs_dim),),
+            str(path),
+            input_names=[INPUT_NAME],
+            output_names=[OUTPUT_NAME],
+            dynamic_shapes={"obs": {0: batch}},
+            dynamo=True,
+            external_data=False,
+            verbose=False,
+        )
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model, full_check=True)
+    return max(op.version for op in model.opset_import if op.domain in ("", "ai.onnx"))
+
+
+@contextlib.contextmanager
+def quiet_onnx_exporter() -> Iterator[None]:
+    """Silence the exporter's noise that says nothing about this graph: warnings that
+    torchvision's detection ops cannot be registered (no torchvision here) and torch-internal
+    FutureWarnings. Real export errors still raise."""
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
+    finally:
+        registration.setLevel(level)
+
+
+def onnx_session(path: Path, threads: int = 0) -> Any:
+    """An ONNX Runtime CPU session (``threads=1`` for single-observation latency)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = threads
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+# --------------------------------------------------------------------------- environments
+
+
+def make_env(cfg: WorkbenchConfig) -> Any:
+    """One raw gymnasium env as training built it (same id, kwargs and time limit)."""
+    import gymnasium
+
+    import workbench.envs  # noqa: F401  (registers the workbench's own environments)
+
+    kwargs = dict(cfg.env.kwargs)
+    if cfg.env.max_episode_steps is not None:
+        kwargs["max_episode_steps"] = cfg.env.max_episode_steps
+    return gymnasium.make(cfg.env.id, **kwargs)
+
+
+def record_observations(source: PolicySource, count: int, seed: int) -> np.ndarray:
+    """``count`` raw observations from a seeded env driven by the stochastic policy.
+
+    Stochastic actions visit more states than the deterministic ones the checks compare.
+    Returned as float32: what a deployer feeds the exported graph.
+    """
+    env = make_env(source.config)
+    rows: list[np.ndarray] = []
+    try:
+        obs, _ = env.reset(seed=seed)
+        env.action_space.seed(seed)
+        while len(rows) < count:
+            rows.append(np.asarray(obs, dtype=np.float32))
+            action, _ = source.model.predict(source.normalize(obs[None]), deterministic=False)
+            obs, _, terminated, truncated, _ = env.step(action[0])
+            if terminated or truncated:
+                obs, _ = env.reset()
+    finally:
+        env.close()
+    return np.stack(rows)
+
+
+def reference_actions(source: PolicySource, obs: np.ndarray) -> np.ndarray:
+    """SB3's ``predict(deterministic=True)`` through the run's own normalization."""
+    actions, _ = source.model.predict(source.normalize(obs), deterministic=True)
+    return np.asarray(actions, dtype=np.float32)
+
+
+# --------------------------------------------------------------------------- the three checks
+
+
+def check_parity(
+    expected: np.ndarray, obs: np.ndarray, torchscript_path: Path, onnx_path: Path
+) -> dict[str, Any]:
+    """Max abs difference of TorchScript and ONNX Runtime outputs to ``expected``.
+
+    ONNX Runtime runs the whole batch and then one observation at a time, which also
+    exercises the dynamic batch axis at sizes N and 1.
+    """
+    module = torch.jit.load(str(torchscript_path))
+    with torch.no_grad():
+        scripted = module(torch.from_numpy(obs)).numpy()
+    session = onnx_session(onnx_path)
+    batched = session.run(None, {INPUT_NAME: obs})[0]
+    single = np.concatenate([session.run(None, {INPUT_NAME: row[None]})[0] for row in obs])
+    diffs = {
+        "torchscript_max_abs_diff": float(np.max(np.abs(scripted - expected))),
+        "onnx_max_abs_diff": float(np.max(np.abs(batched - expected))),
+        "onnx_batch1_max_abs_diff": float(np.max(np.abs(single - expected))),
+    }
+    return {
+        "observations": int(len(obs)),
+        "tolerance": PARITY_TOLERANCE,
+        **diffs,
+        "passed": all(d <= PARITY_TOLERANCE for d in diffs.values()),
+    }
+
+
+def replay(
+    onnx_path: Path, cfg: WorkbenchConfig, episodes: int, seed: int,
+    logged_mean: float | None, logged_std: float | None,
+) -> dict[str, Any]:
+    """``episodes`` seeded episodes driven only by the ONNX Runtime session.
+
+    Episode k starts from ``reset(seed=seed + k)``. The mean return is set next to the
+    training log's final evaluation: the two agree when they differ by at most two standard
+    deviations (the larger spread of the two) or 5% of the logged return. A tiny run's
+    evaluation uses few episodes, so this is a sanity check, not a statistical test.
+    """
+    session = onnx_session(onnx_path)
+    env = make_env(cfg)
+    returns: list[float] = []
+    lengths: list[int] = []
+    try:
+        for k in range(episodes):
+            obs, _ = env.reset(seed=seed + k)
+            total, steps, done = 0.0, 0, False
+            while not done:
+                action = session.run(None, {INPUT_NAME: obs.astype(np.float32)[None]})[0][0]
+                obs, reward, terminated, truncated, _ = env.step(action)
+                total += float(reward)
+                steps += 1
+                done = terminated or truncated
+            returns.append(total)
+            lengths.append(steps)
+    finally:
+        env.close()
+    mean, std = float(np.mean(returns)), float(np.std(returns))
+    result: dict[str, Any] = {
+        "episodes": episodes,
+        "seeds": [seed + k for k in range(episodes)],
+        "returns": returns,
+        "lengths": lengths,
+        "mean_return": mean,
+        "std_return": std,
+        "logged_eval_mean": logged_mean,
+        "logged_eval_std": logged_std,
+        "delta": None,
+        "tolerance": None,
+        "consistent": None,
+    }
+    if logged_mean is not None and math.isfinite(logged_mean):
+        spread = max(std, logged_std if logged_std is not None and math.isfinite(logged_std) else 0)
+        tolerance = max(2 * spread, 0.05 * abs(logged_mean))
+        result.update(
+            delta=mean - logged_mean, tolerance=tolerance,
+            consistent=abs(mean - logged_mean) <= tolerance,
+        )
+    return result
+
+
+def latency_stats(samples_s: np.ndarray) -> dict[str, float]:
+    """p50, p99, max and mean of per-call times, in milliseconds."""
+    ms = samples_s * 1e3
+    return {
+        "p50": float(np.percentile(ms, 50)),
+        "p99": float(np.percentile(ms, 99)),
+        "max": float(np.max(ms)),
+        "mean": float(np.mean(ms)),
+    }
+
+
+def time_calls(call: Callable[[], Any], calls: int) -> np.ndarray:
+    """Wall time of each of ``calls`` calls, in seconds."""
+    samples = np.empty(calls)
+    clock = time.perf_counter
+    for i in range(calls):
+        started = clock()
+        call()
+        samples[i] = clock() - started
+    return samples
+
+
+@dataclass
+class Backend:
+    """One inference path: a fresh instance, an inference-only call and an end-to-end call.
+
+    ``load()`` returns ``(inference, end_to_end)``: ``inference`` runs on an input prepared
+    in the backend's own type; ``end_to_end`` starts from the environment's float64 numpy
+    observation and ends with a numpy action (normalization outside the graph, numpy->tensor
+    conversion, copies included).
+    """
+
+    name: str
+    load: Callable[[], tuple[Callable[[], Any], Callable[[], Any]]]
+
+
+def latency_backends(
+    source: PolicySource, torchscript_path: Path, onnx_path: Path, obs: np.ndarray
+) -> list[Backend]:
+    """SB3 eager, TorchScript and ONNX Runtime on one raw observation ``obs`` (float64)."""
+    raw = obs[None].astype(np.float64)
+
+    def sb3() -> tuple[Callable[[], Any], Callable[[], Any]]:
+        policy = copy.deepcopy(source.model.policy)  # a fresh instance for the first call
+        prepared = torch.as_tensor(source.normalize(raw))
+
+        def inference() -> Any:
+            with torch.no_grad():
+                return policy._predict(prepared, deterministic=True)
+
+        return inference, lambda: policy.predict(source.normalize(raw), deterministic=True)
+
+    def torchscript() -> tuple[Callable[[], Any], Callable[[], Any]]:
+        module = torch.jit.load(str(torchscript_path))
+        prepared = torch.from_numpy(raw.astype(np.float32))
+
+        def inference() -> Any:
+            with torch.no_grad():
+                return module(prepared)
+
+        def end_to_end() -> Any:
+            with torch.no_grad():
+                return module(torch.from_numpy(raw.astype(np.float32))).numpy()
+
+        return inference, end_to_end
+
+    def onnxruntime() -> tuple[Callable[[], Any], Callable[[], Any]]:
+        session = onnx_session(onnx_path, threads=1)
+        prepared = raw.astype(np.float32)
+        return (
+            lambda: session.run(None, {INPUT_NAME: prepared}),
+            lambda: session.run(None, {INPUT_NAME: raw.astype(np.float32)})[0][0],
+        )
+
+    return [Backend("sb3_eager", sb3), Backend("torchscript", torchscript),
+            Backend("onnxruntime", onnxruntime)]
+
+
+def measure_latency(
+    backends: Sequence[Backend], calls: int, warmup: int
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Per backend: first call on a fresh instance, then ``warmup`` untimed calls, then
+    ``calls`` timed inference-only and ``calls`` timed end-to-end calls.
+
+    One thread for torch and ONNX Runtime: a controller runs one observation at a time next
+    to other work, and one thread keeps the figures comparable across machines.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    results: dict[str, Any] = {}
+    samples: dict[str, np.ndarray] = {}
+    try:
+        for backend in backends:
+            inference, end_to_end = backend.load()
+            first = time_calls(end_to_end, 1)[0]
+            for _ in range(warmup):
+                end_to_end()
+            samples[f"{backend.name}/inference"] = time_calls(inference, calls)
+            samples[f"{backend.name}/end_to_end"] = time_calls(end_to_end, calls)
+            results[backend.name] = {
+                "first_call_ms": float(first * 1e3),
+                "inference_ms": latency_stats(samples[f"{backend.name}/inference"]),
+                "end_to_end_ms": latency_stats(samples[f"{backend.name}/end_to_end"]),
+            }
+    finally:
+        torch.set_num_threads(threads)
+    report = {"calls": calls, "warmup": warmup, "threads": 1, "backends": results}
+    return report, samples
+
+
+def fp16_variant(
+    module: DeployedPolicy, obs: np.ndarray, expected: np.ndarray, directory: Path,
+    calls: int, warmup: int,
+) -> dict[str, Any]:
+    """FP16 actor on the GPU (TorchScript), when CUDA is present; skipped cleanly otherwise.
+
+    Only the MLP runs in half precision: normalization stays float64 and the output float32.
+    Its parity is reported, not enforced (FP16 differs by ~1e-3); no INT8 variant, control
+    policies are sensitive to small input changes (FIELD_NOTES.md).
+    """
+    if not torch.cuda.is_available():
+        return {"skipped": "no CUDA device (FP16 runs only on a GPU)"}
+    half = copy.deepcopy(module).cuda()
+    for part in (half.features, half.actor, half.action_net):
+        part.half()
+    half.actor_dtype = torch.float16
+    path = directory / "policy_fp16_cuda.pt"
+    with torch.no_grad():
+        traced = torch.jit.trace(half, example_input(obs.shape[1]).cuda())
+    traced.save(str(path))
+    with torch.no_grad():
+        out = traced(torch.from_numpy(obs).cuda()).cpu().numpy()
+    raw = obs[:1]
+
+    def end_to_end() -> Any:
+        with torch.no_grad():  # host->device and device->host copies included (.cuda/.cpu)
+            return traced(torch.from_numpy(raw).cuda()).cpu().numpy()
+
+    first = time_calls(end_to_end, 1)[0]
+    for _ in range(warmup):
+        end_to_end()
+    return {
+        "file": path.name,
+        "device": torch.cuda.get_device_name(0),
+        "max_abs_diff_vs_fp32_reference": float(np.max(np.abs(out - expected))),
+        "first_call_ms": float(first * 1e3),
+        "end_to_end_ms": latency_stats(time_calls(end_to_end, calls)),
+    }
+
+
+# --------------------------------------------------------------------------- one export
+
+
+def export_policy(
+    source: PolicySource,
+    directory: Path,
+    *,
+    observations: int = DEFAULT_OBSERVATIONS,
+    episodes: int = DEFAULT_EPISODES,
+    calls: int = DEFAULT_CALLS,
+    warmup: int = DEFAULT_WARMUP,
+) -> ExportResult:
+    """Export ``source`` into ``directory`` and run the three checks; nothing is logged here.
+
+    Files: ``policy.pt``, ``policy.onnx``, ``samples.npz`` (the recorded raw observations and
+    SB3's actions for them, shipped with Hub bundles), ``latency.npz`` (every timed call) and
+    ``export_report.json``.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    cfg = source.config
+    obs_dim = observation_dim(source)
+    module = deployed_policy(source)
+    torchscript_path, onnx_path = directory / "policy.pt", directory / "policy.onnx"
+    export_torchscript(module, torchscript_path, obs_dim)
+    opset = export_onnx(module, onnx_path, obs_dim)
+
+    obs = record_observations(source, observations, cfg.seed + OBS_SEED_OFFSET)
+    expected = reference_actions(source, obs)
+    np.savez(directory / "samples.npz", observations=obs, actions=expected)
+    parity = check_parity(expected, obs, torchscript_path, onnx_path)
+    replayed = replay(onnx_path, cfg, episodes, cfg.seed + REPLAY_SEED_OFFSET,
+                      source.eval_mean_reward, source.eval_std_reward)
+    backends = latency_backends(source, torchscript_path, onnx_path, obs[0].astype(np.float64))
+    latency, samples = measure_latency(backends, calls, warmup)
+    arrays = {k.replace("/", "__"): v for k, v in samples.items()}
+    np.savez(directory / "latency.npz", **arrays)  # type: ignore[arg-type]  # numpy's stub
+    fp16 = fp16_variant(module, obs, expected, directory, calls, warmup)
+
+    report = {
+        "source": source.origin,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "env_id": cfg.env.id,
+        "observation_dim": obs_dim,
+        "action_dim": int(expected.shape[1]),
+        "graph": {
+            "torchscript": torchscript_path.name,
+            "onnx": onnx_path.name,
+            "onnx_opset": opset,
+            "input": f"{INPUT_NAME}: float32 [batch, {obs_dim}] raw observation",
+            "output": f"{OUTPUT_NAME}: float32 [batch, action_dim] deterministic action, "
+            "clipped to the action space",
+            "observation_normalization": module.normalize,
+            "clip_obs": module.clip_obs if module.normalize else None,
+        },
+        "versions": library_versions(),
+        "parity": parity,
+        "replay": replayed,
+        "latency": latency,
+        "fp16": fp16,
+        "passed": bool(parity["passed"]),
+    }
+    (directory / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
+    return ExportResult(report=report, directory=directory, latency_samples=samples)
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries that produced and checked the exported files."""
+    from importlib.metadata import version
+
+    names = ("torch", "onnx", "onnxruntime", "onnxscript", "stable-baselines3", "gymnasium",
+             "mujoco", "numpy")
+    return {name: version(name) for name in names}
+
+
+# --------------------------------------------------------------------------- runs in MLflow
+
+
+def load_run(client: Any, run_id: str, workdir: Path) -> PolicySource:
+    """The policy of a finished run of the user's own store (model.zip, vecnormalize.pkl).
+
+    Both files are pickles written by our own ``train()``: loading them is safe only because
+    they come from this store. Bundles pulled from the Hub never contain pickles.
+    """
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    run = get_run(client, run_id)
+    names = {a.path for a in client.list_artifacts(run_id, "model")}
+    if "model/model.zip" not in names:
+        raise ConfigError(
+            f"run={run_id}: has no model/model.zip (status {run.info.status}); export needs "
+            "a run whose training finished"
+        )
+    folder = Path(client.download_artifacts(run_id, "model", str(workdir)))
+    cfg = config_from_yaml((folder / "config.yaml").read_text())
+    model = PPO.load(folder / "model.zip", device="cpu")
+    vecnormalize = None
+    if (folder / "vecnormalize.pkl").exists():
+        venv = DummyVecEnv([lambda: make_env(cfg)])
+        vecnormalize = VecNormalize.load(str(folder / "vecnormalize.pkl"), venv)
+        vecnormalize.training = False
+    metrics = run.data.metrics
+    return PolicySource(
+        model=model,
+        vecnormalize=vecnormalize,
+        config=cfg,
+        eval_mean_reward=metrics.get("summary/eval_mean_reward"),
+        eval_std_reward=metrics.get("summary/eval_std_reward"),
+        origin=f"run {run_id}",
+    )
+
+
+def open_store(tracking_uri: str | None = None) -> Any:
+    """A client for the configured store; an embedded store must already exist (reading a
+    run never creates an empty database)."""
+    from workbench import tracking
+
+    uri = tracking.resolve_tracking_uri(tracking_uri)
+    if tracking.is_embedded(uri) and not Path(uri.removeprefix("sqlite:///")).exists():
+        raise ConfigError(
+            f"tracking store {uri} does not exist: no runs to read; train one first or set "
+            "MLFLOW_TRACKING_URI to the store that holds the run"
+        )
+    return tracking.make_client(uri)
+
+
+def get_run(client: Any, run_id: str) -> Any:
+    """The MLflow run ``run_id`` or a ConfigError naming the store."""
+    from mlflow.exceptions import MlflowException
+
+    from workbench import tracking
+
+    try:
+        return client.get_run(run_id)
+    except MlflowException as exc:
+        store = tracking.redact_uri(str(client.tracking_uri))
+        raise ConfigError(
+            f"run={run_id}: no such run in {store}; pass a run id printed by `workbench train` "
+            "(or set MLFLOW_TRACKING_URI to the store that holds it)"
+        ) from exc
+
+
+def log_export(client: Any, run_id: str, result: ExportResult) -> None:
+    """Log the export's files under ``export/`` and its headline figures as metrics."""
+    from mlflow.entities import Metric
+
+    client.log_artifacts(run_id, str(result.directory), artifact_path=ARTIFACT_DIR)
+    report = result.report
+    now = int(time.time() * 1000)
+    figures = {
+        "export/parity_torchscript_max_abs_diff": report["parity"]["torchscript_max_abs_diff"],
+        "export/parity_onnx_max_abs_diff": report["parity"]["onnx_max_abs_diff"],
+        "export/replay_mean_return": report["replay"]["mean_return"],
+    }
+    for name, stats in report["latency"]["backends"].items():
+        figures[f"export/latency_{name}_p99_ms"] = stats["end_to_end_ms"]["p99"]
+        figures[f"export/latency_{name}_max_ms"] = stats["end_to_end_ms"]["max"]
+    client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in figures.items()])
+
+
+def export_run(
+    run_id: str,
+    *,
+    tracking_uri: str | None = None,
+    observations: int = DEFAULT_OBSERVATIONS,
+    episodes: int = DEFAULT_EPISODES,
+    calls: int = DEFAULT_CALLS,
+    warmup: int = DEFAULT_WARMUP,
+) -> ExportResult:
+    """Export run ``run_id`` of the store, verify, and log everything to the run.
+
+    The files are built in a temporary folder and logged in one call at the end, so a
+    failure part-way leaves nothing half-written on the run.
+    """
+    check_budget(observations, episodes, calls, warmup)
+    client = open_store(tracking_uri)
+    with tempfile.TemporaryDirectory(prefix="workbench-export-") as tmp:
+        source = load_run(client, run_id, Path(tmp) / "download")
+        result = export_policy(
+            source, Path(tmp) / ARTIFACT_DIR, observations=observations, episodes=episodes,
+            calls=calls, warmup=warmup,
+        )
+        result.report["run_id"] = run_id
+        (result.directory / REPORT_NAME).write_text(json.dumps(result.report, indent=2) + "\n")
+        log_export(client, run_id, result)
+        artifact_uri = client.get_run(run_id).info.artifact_uri
+    result.directory = Path(f"{artifact_uri}/{ARTIFACT_DIR}")
+    return result
+
+
+def check_budget(observations: int, episodes: int, calls: int, warmup: int) -> None:
+    """Reject sizes the checks cannot work with, before anything runs."""
+    if observations < 1:
+        raise ConfigError(f"n_obs={observations}: must be >= 1 (e.g. n_obs=256)")
+    if episodes < 1:
+        raise ConfigError(f"episodes={episodes}: must be >= 1 (e.g. episodes=5)")
+    if calls < MIN_CALLS:
+        raise ConfigError(
+            f"calls={calls}: latency needs at least {MIN_CALLS} timed calls for a p99; "
+            f"use calls={MIN_CALLS} or more"
+        )
+    if warmup < 0:
+        raise ConfigError(f"warmup={warmup}: must be >= 0 (e.g. warmup=100)")
+
+
+# --------------------------------------------------------------------------- presentation
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """The report as a console table: checks, then latency per backend."""
+    parity, replayed, latency = report["parity"], report["replay"], report["latency"]
+    lines = [
+        f"Export of {report['source']} ({report['env_id']})",
+        "=" * 78,
+        f"{'graph':<18}{report['graph']['torchscript']}, {report['graph']['onnx']} "
+        f"(opset {report['graph']['onnx_opset']}, dynamic batch); normalization "
+        f"{'in graph' if report['graph']['observation_normalization'] else 'none'}",
+        f"{'parity':<18}{'PASS' if parity['passed'] else 'FAIL'}  max |diff| vs SB3 on "
+        f"{parity['observations']} obs: TorchScript {parity['torchscript_max_abs_diff']:.2e}, "
+        f"ONNX Runtime {parity['onnx_max_abs_diff']:.2e} (batch 1: "
+        f"{parity['onnx_batch1_max_abs_diff']:.2e}); tolerance {parity['tolerance']:.0e}",
+        f"{'replay':<18}{replay_line(replayed)}",
+        f"{'fp16 (GPU)':<18}{fp16_line(report['fp16'])}",
+        "-" * 78,
+        f"latency, 1 observation, {latency['calls']} calls after {latency['warmup']} warm-up, "
+        f"{latency['threads']} thread (ms)",
+        f"{'backend':<14}{'first':>8}{'p50':>9}{'p99':>9}{'max':>9}"
+        f"{'e2e p50':>10}{'e2e p99':>10}{'e2e max':>10}",
+    ]
+    for name, stats in latency["backends"].items():
+        inf, e2e = stats["inference_ms"], stats["end_to_end_ms"]
+        lines.append(
+            f"{name:<14}{stats['first_call_ms']:>8.3f}{inf['p50']:>9.3f}{inf['p99']:>9.3f}"
+            f"{inf['max']:>9.3f}{e2e['p50']:>10.3f}{e2e['p99']:>10.3f}{e2e['max']:>10.3f}"
+        )
+    lines.append("=" * 78)
+    return "\n".join(lines)
+
+
+def replay_line(replayed: Mapping[str, Any]) -> str:
+    text = (f"ONNX Runtime, {replayed['episodes']} episodes: "
+            f"{replayed['mean_return']:.2f} +- {replayed['std_return']:.2f}")
+    if replayed["consistent"] is None:
+        return text + "; the run logged no final evaluation to compare with"
+    verdict = "consistent" if replayed["consistent"] else "DIFFERS"
+    return (f"{text}; training log {replayed['logged_eval_mean']:.2f} +- "
+            f"{replayed['logged_eval_std']:.2f}: {verdict} (delta {replayed['delta']:+.2f}, "
+            f"tolerance {replayed['tolerance']:.2f})")
+
+
+def fp16_line(fp16: Mapping[str, Any]) -> str:
+    if "skipped" in fp16:
+        return f"skipped: {fp16['skipped']}"
+    return (f"{fp16['device']}: max |diff| vs FP32 {fp16['max_abs_diff_vs_fp32_reference']:.1e}, "
+            f"e2e p99 {fp16['end_to_end_ms']['p99']:.3f} ms")
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def quiet_downloads() -> None:
+    """No per-file progress bars when fetching a run's few small artifacts (command line)."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
+ARGUMENTS: dict[str, type] = {
+    "run": str, "bundle": str, "repo_id": str, "revision": str,
+    "n_obs": int, "episodes": int, "calls": int, "warmup": int,
+}
+
+
+def main(tokens: Sequence[str]) -> int:
+    """``workbench export run=<id> | bundle=<dir> | repo_id=<org/name> revision=<rev>``.
+
+    With ``run=`` the files and the report are logged to the run; with a pulled Hub bundle
+    (``bundle=`` its directory, or ``repo_id=``/``revision=`` to pull it first) the same
+    checks run on the bundle's ONNX graph and weights, and the report is written next to it.
+    """
+    from workbench.cli import key_value_arguments
+
+    args = key_value_arguments(tokens, ARGUMENTS, command="export")
+    quiet_downloads()
+    budget = {
+        "observations": args.get("n_obs", DEFAULT_OBSERVATIONS),
+        "episodes": args.get("episodes", DEFAULT_EPISODES),
+        "calls": args.get("calls", DEFAULT_CALLS),
+        "warmup": args.get("warmup", DEFAULT_WARMUP),
+    }
+    check_budget(**budget)
+    sources = [k for k in ("run", "bundle", "repo_id") if k in args]
+    if len(sources) != 1:
+        raise ConfigError(
+            "export: name exactly one policy: run=<run_id>, bundle=<pulled bundle dir> or "
+            "repo_id=<org/name> revision=<sha|tag>"
+        )
+    if "run" in args:
+        result = export_run(args["run"], **budget)
+    else:
+        from workbench import hub
+
+        bundle = hub.pull(args["repo_id"], args.get("revision")).directory if "repo_id" in args \
+            else hub.bundle_directory(args["bundle"])
+        result = hub.verify_export(bundle, **budget)
+    print(format_report(result.report))
+    print(f"files: {result.directory}")
+    if not result.passed:
+        print("workbench: export parity check failed (see the report above)", file=sys.stderr)
+        return 1
+    return 0

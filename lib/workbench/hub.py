@@ -1,0 +1,743 @@
+"""Hugging Face Hub: push a run's policy bundle, pull one back by a pinned revision.
+
+A result is reproducible only when the exact model can be fetched again (FIELD_NOTES.md:
+"version data and models so anyone can fetch exactly the same versions by repository id and
+revision"). ``push`` uploads one commit and records its SHA on the MLflow run
+(``hub.repo_id``, ``hub.revision``); ``pull`` downloads exactly one commit into
+``experiments/hub/<org>/<name>/<commit>`` and verifies it before anything uses it.
+
+A bundle holds nothing executable: ``policy.onnx``, ``weights.safetensors``,
+``normalization.json``, ``samples.npz`` (loaded with ``allow_pickle=False``), YAML/JSON text,
+the model card. The SB3 ``model.zip`` and ``vecnormalize.pkl`` are pickles and never leave the
+user's own store.
+
+The token comes from ``HF_TOKEN`` or the standard login (``hf auth login``), resolved by
+``huggingface_hub`` itself; the workbench never reads it into a message, a file, the manifest
+or MLflow. ``HF_HUB_OFFLINE=1`` makes ``pull`` use the local Hub cache only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import shlex
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workbench import export, paths, tracking
+from workbench.config import ConfigError, WorkbenchConfig
+
+BUNDLE_FORMAT = "workbench-policy-bundle/1"
+INDEX_NAME = "bundle.json"
+CARD_NAME = "README.md"
+# What a bundle holds, and what each file is (model card and `workbench hub pull` output).
+BUNDLE_FILES = {
+    "policy.onnx": "raw observation -> deterministic action; normalization and action "
+    "clipping inside the graph (dynamic batch axis)",
+    "weights.safetensors": "SB3 ActorCriticPolicy state dict (actor and critic), for "
+    "training from this policy (init.hub_repo_id)",
+    "normalization.json": "VecNormalize observation statistics: mean, var, count, epsilon, "
+    "clip_obs",
+    "samples.npz": "recorded raw observations and SB3's deterministic actions for them "
+    "(parity check after a pull)",
+    "config.yaml": "the resolved training configuration",
+    "export_report.json": "parity, replay and latency figures measured at export",
+    "manifest.json": "software, hardware and git state of the training run",
+    CARD_NAME: "this model card",
+}
+HYPERPARAMETERS = (
+    "env.num_envs", "env.normalize", "algo.n_steps", "algo.batch_size", "algo.n_epochs",
+    "algo.learning_rate", "algo.lr_schedule", "algo.gamma", "algo.gae_lambda",
+    "algo.clip_range", "algo.ent_coef", "algo.vf_coef", "algo.max_grad_norm",
+    "algo.target_kl", "algo.policy.pi", "algo.policy.vf", "algo.policy.activation",
+    "total_timesteps", "seed",
+)
+CARD_PACKAGES = ("torch", "stable-baselines3", "gymnasium", "mujoco", "numpy", "mlflow",
+                 "hydra-core", "onnx", "onnxruntime")
+# Where a run was recorded is not part of what it is: left out of the reproduce command.
+NOT_REPRODUCED = ("tracking.uri",)
+COMMIT_SHA = re.compile(r"[0-9a-f]{40}")  # a git commit: the only revision that never moves
+
+
+class BundleError(RuntimeError):
+    """A bundle that fails verification (missing or altered files, parity off)."""
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """One pushed commit."""
+
+    repo_id: str
+    commit: str
+    commit_url: str
+    files: list[str]
+
+
+@dataclass(frozen=True)
+class PulledBundle:
+    """A verified bundle at one commit, in its fixed local directory."""
+
+    repo_id: str
+    requested_revision: str
+    commit: str
+    directory: Path
+    checks: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- names and places
+
+
+def check_repo_id(repo_id: str | None) -> str:
+    """``org/name`` as the Hub accepts it, else a ConfigError."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if not repo_id:
+        raise ConfigError(
+            "repo_id: missing; pass repo_id=<org/name>, e.g. repo_id=my-org/ppo-cheetah"
+        )
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        raise ConfigError(f"repo_id={repo_id}: {str(exc).splitlines()[0]}") from exc
+    if repo_id.count("/") != 1:
+        raise ConfigError(f"repo_id={repo_id}: write it as <org or user>/<name>")
+    return repo_id
+
+
+def hub_directory(repo_id: str, commit: str) -> Path:
+    """The fixed local directory of a pulled commit: ``experiments/hub/<org>/<name>/<commit>``."""
+    return paths.experiments_dir() / "hub" / repo_id / commit
+
+
+def bundle_directory(text: str) -> Path:
+    """A bundle directory given on the command line, checked to exist."""
+    directory = Path(text).expanduser().resolve()
+    if not (directory / INDEX_NAME).is_file():
+        raise ConfigError(
+            f"bundle={text}: no {INDEX_NAME} there; pass the directory printed by "
+            "`workbench hub pull`"
+        )
+    return directory
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --------------------------------------------------------------------------- building a bundle
+
+
+def write_bundle(client: Any, run_id: str, folder: Path) -> dict[str, Any]:
+    """Write the bundle of run ``run_id`` into ``folder``; returns its index (bundle.json).
+
+    The run must have been exported (``export/``); the ONNX graph and samples are those the
+    export verified, so the Hub holds exactly what was checked.
+    """
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    work = folder.parent / "download"
+    run = export.get_run(client, run_id)
+    exported = Path(client.download_artifacts(run_id, export.ARTIFACT_DIR, str(work)))
+    for name in ("policy.onnx", "samples.npz", "export_report.json"):
+        shutil.copy(exported / name, folder / name)
+    source = export.load_run(client, run_id, work / "model-download")
+    state = {k: v.detach().cpu().contiguous() for k, v in source.model.policy.state_dict().items()}
+    save_file(state, str(folder / "weights.safetensors"),
+              metadata={"format": "pt", "policy": "stable_baselines3 ActorCriticPolicy"})
+    stats = normalization_stats(source.vecnormalize)
+    (folder / "normalization.json").write_text(json.dumps(stats, indent=2) + "\n")
+    cfg_text = Path(client.download_artifacts(run_id, "config.yaml", str(work))).read_text()
+    (folder / "config.yaml").write_text(redact_config(cfg_text))
+    manifest = run_manifest(client, run_id, work)
+    if manifest is not None:
+        (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    report = json.loads((folder / "export_report.json").read_text())
+    index = {
+        "format": BUNDLE_FORMAT,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "run_id": run_id,
+        "run_name": run.info.run_name,
+        "env_id": source.config.env.id,
+        "algo": "PPO",
+        "num_timesteps": int(source.model.num_timesteps),
+        "eval_mean_reward": finite(source.eval_mean_reward),
+        "eval_std_reward": finite(source.eval_std_reward),
+        "eval_episodes": source.config.eval.final_episodes,
+        "onnx_opset": report["graph"]["onnx_opset"],
+        "manifest": manifest is not None,
+        "init_hub_commit": run.data.params.get("init.hub_commit"),
+    }
+    card = model_card(index, source.config, report, manifest)
+    (folder / CARD_NAME).write_text(card)
+    index["files"] = {p.name: sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    (folder / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    return index
+
+
+def normalization_stats(vecnormalize: Any) -> dict[str, Any]:
+    """VecNormalize's observation statistics as plain JSON (no pickle leaves the store)."""
+    if vecnormalize is None or not vecnormalize.norm_obs:
+        return {"norm_obs": False}
+    rms = vecnormalize.obs_rms
+    return {
+        "norm_obs": True,
+        "clip_obs": float(vecnormalize.clip_obs),
+        "epsilon": float(vecnormalize.epsilon),
+        "obs_mean": np.asarray(rms.mean, dtype=np.float64).tolist(),
+        "obs_var": np.asarray(rms.var, dtype=np.float64).tolist(),
+        "obs_count": float(rms.count),
+    }
+
+
+def redact_config(text: str) -> str:
+    """The run's config.yaml with the tracking URI's password removed."""
+    from omegaconf import OmegaConf
+
+    tree = OmegaConf.create(text)
+    uri = OmegaConf.select(tree, "tracking.uri")
+    if uri:
+        OmegaConf.update(tree, "tracking.uri", tracking.redact_uri(str(uri)))
+    return OmegaConf.to_yaml(tree)
+
+
+def run_manifest(client: Any, run_id: str, work: Path) -> dict[str, Any] | None:
+    """The run's manifest.json (written by workbench.manifest), or None for older runs."""
+    if "manifest.json" not in {a.path for a in client.list_artifacts(run_id)}:
+        return None
+    path = Path(client.download_artifacts(run_id, "manifest.json", str(work)))
+    manifest: dict[str, Any] = json.loads(path.read_text())
+    return manifest
+
+
+def finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+# --------------------------------------------------------------------------- the model card
+
+
+def model_card(
+    index: Mapping[str, Any], cfg: WorkbenchConfig, report: Mapping[str, Any],
+    manifest: Mapping[str, Any] | None,
+) -> str:
+    """README.md: task, algorithm, hyperparameters, result, steps, software, how to reproduce.
+
+    The metadata block is written by huggingface_hub's ``ModelCardData`` (model-index with
+    the evaluation result, as the SB3 zoo's cards do).
+    """
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+    env_id = index["env_id"]
+    mean, std = index["eval_mean_reward"], index["eval_std_reward"]
+    reward = f"{mean:.2f} +/- {std:.2f}" if mean is not None and std is not None else "n/a"
+    results = []
+    if mean is not None:
+        results.append(EvalResult(
+            task_type="reinforcement-learning", task_name="reinforcement-learning",
+            dataset_type=env_id, dataset_name=env_id, metric_type="mean_reward",
+            metric_name="mean_reward", metric_value=reward,
+        ))
+    data = ModelCardData(
+        library_name="stable-baselines3", model_name=f"PPO-{env_id}",
+        tags=["reinforcement-learning", "deep-reinforcement-learning", "stable-baselines3",
+              "onnx", "workbench", env_id],
+        eval_results=results or None,
+    )
+    body = "\n".join([
+        f"# PPO on {env_id}",
+        "",
+        f"A {env_id} policy trained with stable-baselines3 PPO by the Workbench "
+        f"(MLflow run `{index['run_id']}`, `{index['run_name']}`).",
+        "",
+        "## Result",
+        "",
+        f"- final deterministic evaluation: **{reward.replace('+/-', '±')}** "
+        f"(mean ± std over {index['eval_episodes']} episodes)",
+        f"- training steps: {index['num_timesteps']}",
+        f"- ONNX replay at export: {report['replay']['mean_return']:.2f} ± "
+        f"{report['replay']['std_return']:.2f} over {report['replay']['episodes']} episodes",
+        "",
+        "## Algorithm and key hyperparameters",
+        "",
+        *hyperparameter_table(cfg),
+        "",
+        "## Files",
+        "",
+        "| file | content |",
+        "|---|---|",
+        *[f"| `{n}` | {w} |" for n, w in BUNDLE_FILES.items()
+          if n != "manifest.json" or manifest is not None],
+        f"| `{INDEX_NAME}` | index: run, result, sha256 of every file |",
+        "",
+        "## Software",
+        "",
+        *software_lines(manifest),
+        "",
+        "## Reproduce",
+        "",
+        "```bash",
+        "# this bundle, pinned (the revision is this commit's SHA, see the repo's history):",
+        "workbench hub pull repo_id=<this repo> revision=<commit sha>",
+        "# the training run (the exact resolved configuration is config.yaml):",
+        reproduce_command(cfg, index.get("init_hub_commit")),
+        "```",
+        "",
+        "## Use",
+        "",
+        "```python",
+        "import numpy as np, onnxruntime as ort",
+        'session = ort.InferenceSession("policy.onnx")',
+        'action = session.run(None, {"obs": np.asarray(obs, np.float32)[None]})[0][0]',
+        "```",
+        "",
+        f"Parity at export (max |diff| vs SB3 `predict(deterministic=True)` on "
+        f"{report['parity']['observations']} observations): ONNX Runtime "
+        f"{report['parity']['onnx_max_abs_diff']:.1e}, TorchScript "
+        f"{report['parity']['torchscript_max_abs_diff']:.1e}.",
+        "",
+    ])
+    return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}"))
+
+
+def hyperparameter_table(cfg: WorkbenchConfig) -> list[str]:
+    from workbench import config
+
+    flat = config.flatten(config.to_dict(cfg))
+    rows = ["| key | value |", "|---|---|", "| algorithm | PPO (stable-baselines3 MlpPolicy) |"]
+    rows += [f"| `{key}` | {flat[key]} |" for key in HYPERPARAMETERS if key in flat]
+    return rows
+
+
+def software_lines(manifest: Mapping[str, Any] | None) -> list[str]:
+    """Versions from the run's manifest; without one, those of the environment that pushed."""
+    if manifest is None:
+        versions = export.library_versions()
+        return [
+            "The run has no manifest.json; versions of the environment that built this bundle:",
+            "",
+            f"- python {sys.version.split()[0]}",
+            *[f"- {name} {version}" for name, version in versions.items()],
+        ]
+    packages = manifest.get("packages") or {}
+    lines = ["From the run's manifest.json:", ""]
+    if manifest.get("python"):
+        lines.append(f"- python {manifest['python']}")
+    lines += [f"- {name} {packages[name]}" for name in CARD_PACKAGES if name in packages]
+    cuda = manifest.get("cuda") or {}
+    if isinstance(cuda, Mapping) and any(cuda.values()):
+        lines.append("- cuda " + ", ".join(f"{k} {v}" for k, v in cuda.items() if v))
+    git = manifest.get("git") or {}
+    if isinstance(git, Mapping) and git.get("commit"):
+        dirty = " (dirty)" if git.get("dirty") else ""
+        lines.append(f"- workbench git commit {git['commit']}{dirty}")
+    return lines
+
+
+def reproduce_command(cfg: WorkbenchConfig, init_commit: str | None = None) -> str:
+    """``workbench train <overrides>`` that composes exactly ``cfg`` (except its store).
+
+    The overrides are the differences to the run's env/experiment defaults; composing them
+    again must give the same config, which is checked here rather than assumed.
+    """
+    from workbench import config
+
+    base = [f"env={cfg.env.name}"] if cfg.env.name in config.group_options("env") else []
+    if cfg.experiment_name and cfg.experiment_name in config.group_options("experiment"):
+        base.append(f"experiment={cfg.experiment_name}")
+    target = reproducible(config.flatten(config.to_dict(cfg)))
+    if init_commit:
+        target["init.hub_revision"] = init_commit  # the tag it used may move; the commit won't
+    defaults = reproducible(config.flatten(config.to_dict(config.load_config(base))))
+    overrides = [
+        f"{'' if key in defaults else '+'}{key}={hydra_value(value)}"
+        for key, value in target.items()
+        if key not in defaults or defaults[key] != value
+    ]
+    again = reproducible(config.flatten(config.to_dict(config.load_config(base + overrides))))
+    if again != target:
+        raise RuntimeError(f"cannot express the run's config as overrides: {overrides}")
+    return " ".join(["workbench", "train", *(shlex.quote(o) for o in base + overrides)])
+
+
+def reproducible(flat: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in flat.items() if k not in NOT_REPRODUCED}
+
+
+def hydra_value(value: Any) -> str:
+    """``value`` in Hydra's override grammar."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        text = repr(value)
+        if "e" in text:  # Hydra's grammar has no leading zeros in exponents (1e-05 -> 1e-5)
+            mantissa, exponent = text.split("e")
+            text = f"{mantissa}e{int(exponent)}"
+        return text
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    text = str(value)
+    bare = text.replace("-", "").replace("/", "").replace(".", "").replace("_", "")
+    if bare.isalnum() and text[0].isalpha() and text.lower() not in ("true", "false", "null"):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+# --------------------------------------------------------------------------- reading a bundle
+
+
+def read_index(directory: Path) -> dict[str, Any]:
+    path = directory / INDEX_NAME
+    if not path.is_file():
+        raise BundleError(f"{directory}: no {INDEX_NAME}; not a workbench policy bundle")
+    index: dict[str, Any] = json.loads(path.read_text())
+    if index.get("format") != BUNDLE_FORMAT:
+        raise BundleError(f"{path}: format {index.get('format')!r}, expected {BUNDLE_FORMAT}")
+    return index
+
+
+def bundle_config(directory: Path) -> WorkbenchConfig:
+    """The bundle's config.yaml validated by the schema, for CPU inference."""
+    cfg = export.config_from_yaml((directory / "config.yaml").read_text())
+    cfg.device = "cpu"
+    return cfg
+
+
+def load_bundle_source(directory: Path, label: str | None = None) -> export.PolicySource:
+    """Rebuild the SB3 policy from config + safetensors + normalization JSON (no pickles)."""
+    from safetensors.torch import load_file
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    from workbench.train import build_model
+
+    index = read_index(directory)
+    cfg = bundle_config(directory)
+    venv = DummyVecEnv([lambda: export.make_env(cfg)] * cfg.env.num_envs)
+    model = build_model(cfg, venv)
+    model.policy.load_state_dict(load_file(str(directory / "weights.safetensors")))
+    stats = json.loads((directory / "normalization.json").read_text())
+    vecnormalize = None
+    if stats["norm_obs"]:
+        vecnormalize = VecNormalize(venv, training=False, norm_obs=True, norm_reward=False,
+                                    clip_obs=stats["clip_obs"], epsilon=stats["epsilon"])
+        apply_stats(vecnormalize, stats)
+    return export.PolicySource(
+        model=model, vecnormalize=vecnormalize, config=cfg,
+        eval_mean_reward=index.get("eval_mean_reward"),
+        eval_std_reward=index.get("eval_std_reward"),
+        origin=label or f"bundle {directory}",
+    )
+
+
+def apply_stats(vecnormalize: Any, stats: Mapping[str, Any]) -> None:
+    """Load normalization.json's statistics into a VecNormalize wrapper."""
+    rms = vecnormalize.obs_rms
+    rms.mean = np.asarray(stats["obs_mean"], dtype=np.float64)
+    rms.var = np.asarray(stats["obs_var"], dtype=np.float64)
+    rms.count = float(stats["obs_count"])
+
+
+def verify_bundle(directory: Path) -> dict[str, Any]:
+    """Check a bundle before use; raises BundleError naming the first failed check.
+
+    Every file matches its sha256 in bundle.json; manifest.json is there if the run had one;
+    the ONNX graph passes ``onnx.checker`` and loads in ONNX Runtime; ONNX Runtime and the
+    SB3 policy rebuilt from the safetensors weights both reproduce the shipped sample
+    actions within the export tolerance.
+    """
+    import onnx
+
+    index = read_index(directory)
+    for name, digest in index["files"].items():
+        path = directory / name
+        if not path.is_file():
+            raise BundleError(f"{directory}: {name} is missing")
+        if sha256(path) != digest:
+            raise BundleError(f"{directory}: {name} differs from its sha256 in {INDEX_NAME}")
+    if index["manifest"] and "manifest.json" not in index["files"]:
+        raise BundleError(f"{directory}: the run had a manifest.json but the bundle lacks it")
+    onnx_path = directory / "policy.onnx"
+    onnx.checker.check_model(onnx.load(str(onnx_path)), full_check=True)
+    session = export.onnx_session(onnx_path)
+    with np.load(directory / "samples.npz", allow_pickle=False) as samples:
+        obs, expected = samples["observations"], samples["actions"]
+    onnx_diff = float(np.max(np.abs(session.run(None, {export.INPUT_NAME: obs})[0] - expected)))
+    source = load_bundle_source(directory)
+    weights_diff = float(np.max(np.abs(export.reference_actions(source, obs) - expected)))
+    checks = {
+        "files": sorted(index["files"]),
+        "manifest": "present" if index["manifest"] else "absent (the run had none)",
+        "onnx": f"checker ok, opset {index['onnx_opset']}",
+        "samples": int(len(obs)),
+        "onnx_max_abs_diff": onnx_diff,
+        "weights_max_abs_diff": weights_diff,
+    }
+    for key, diff in (("ONNX Runtime", onnx_diff), ("safetensors weights", weights_diff)):
+        if diff > export.PARITY_TOLERANCE:
+            raise BundleError(
+                f"{directory}: {key} differs from the shipped sample actions by {diff:.2e} "
+                f"(> {export.PARITY_TOLERANCE:.0e})"
+            )
+    return checks
+
+
+def verify_export(directory: Path, **budget: int) -> export.ExportResult:
+    """``workbench export`` on a pulled bundle: parity, replay and latency of its policy.
+
+    The report goes next to the bundle (``<commit>-export/``), never into it: the pulled
+    directory stays byte-identical to the commit.
+    """
+    verify_bundle(directory)
+    source = load_bundle_source(directory, label=f"bundle {directory}")
+    out = directory.with_name(directory.name + "-export")
+    return export.export_policy(source, out, **budget)
+
+
+# --------------------------------------------------------------------------- Hub I/O
+
+
+def check_can_push() -> None:
+    """Online and logged in, or a ConfigError before anything is built (token never shown)."""
+    from huggingface_hub import constants, get_token
+
+    if constants.HF_HUB_OFFLINE:
+        raise ConfigError("hub push: HF_HUB_OFFLINE is set; pushing needs the network, unset it")
+    if get_token() is None:
+        raise ConfigError(
+            "hub push: no Hugging Face token; set HF_TOKEN or log in with `hf auth login`"
+        )
+
+
+def push(
+    run_id: str, repo_id: str, *, private: bool = True, tracking_uri: str | None = None
+) -> PushResult:
+    """Upload run ``run_id``'s bundle as one commit; tag the run with the commit SHA.
+
+    Uses ``HfApi.create_repo`` and ``HfApi.create_commit``: one commit holds the whole bundle
+    and returns its SHA. Runs without an export are exported (and verified) first.
+    """
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    check_repo_id(repo_id)
+    check_can_push()
+    client = export.open_store(tracking_uri)
+    export.get_run(client, run_id)
+    if f"{export.ARTIFACT_DIR}/policy.onnx" not in {
+        a.path for a in client.list_artifacts(run_id, export.ARTIFACT_DIR)
+    }:
+        print(f"run {run_id} has no export yet: exporting and verifying first")
+        result = export.export_run(run_id, tracking_uri=tracking_uri)
+        print(export.format_report(result.report))
+        if not result.passed:
+            raise BundleError(f"run {run_id}: export verification failed; nothing pushed")
+    with tempfile.TemporaryDirectory(prefix="workbench-hub-") as tmp:
+        folder = Path(tmp) / "bundle"
+        index = write_bundle(client, run_id, folder)
+        api = HfApi()
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        files = sorted(p.name for p in folder.iterdir())
+        info = api.create_commit(
+            repo_id,
+            operations=[CommitOperationAdd(path_in_repo=n, path_or_fileobj=str(folder / n))
+                        for n in files],
+            commit_message=f"workbench: PPO {index['env_id']} from run {run_id}",
+            commit_description=f"{index['num_timesteps']} training steps; see README.md",
+        )
+    tracking.set_tags(client, run_id, {"hub.repo_id": repo_id, "hub.revision": info.oid})
+    return PushResult(repo_id=repo_id, commit=info.oid, commit_url=info.commit_url, files=files)
+
+
+def pull(repo_id: str, revision: str | None) -> PulledBundle:
+    """Download exactly one commit of ``repo_id`` and verify it.
+
+    A branch or tag is resolved once to its commit, printed, and only the commit is used
+    from then on. Works offline (``HF_HUB_OFFLINE=1``) from the local Hub cache.
+    """
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    check_repo_id(repo_id)
+    if not revision:
+        raise ConfigError(
+            f"revision: missing for repo_id={repo_id}; pass revision=<commit sha or tag> "
+            "(`workbench hub push` prints the commit)"
+        )
+    try:
+        snapshot = Path(snapshot_download(repo_id, revision=revision))
+    except RevisionNotFoundError as exc:
+        raise ConfigError(f"revision={revision}: not found in {repo_id}") from exc
+    except RepositoryNotFoundError as exc:
+        raise ConfigError(f"repo_id={repo_id}: no such repository (or no access)") from exc
+    except LocalEntryNotFoundError as exc:
+        mode = "HF_HUB_OFFLINE=1" if constants.HF_HUB_OFFLINE else "the Hub is unreachable"
+        raise ConfigError(
+            f"repo_id={repo_id} revision={revision}: not in the local Hub cache "
+            f"({constants.HF_HUB_CACHE}) and {mode}; pull it once with network access"
+        ) from exc
+    commit = snapshot.name  # huggingface_hub's cache names each snapshot by its commit
+    if not COMMIT_SHA.fullmatch(commit):
+        raise BundleError(f"{snapshot}: not a commit snapshot of the Hub cache")
+    if revision != commit:
+        print(f"revision {revision!r} of {repo_id} resolved to commit {commit}; "
+              f"pin it with revision={commit}")
+    directory = materialize(snapshot, hub_directory(repo_id, commit))
+    checks = verify_bundle(directory)
+    return PulledBundle(repo_id, revision, commit, directory, checks)
+
+
+def materialize(snapshot: Path, directory: Path) -> Path:
+    """Copy a cache snapshot (symlinks into blobs) to its fixed directory, once per commit."""
+    if directory.is_dir():
+        return directory  # a commit never changes; verify_bundle catches local damage
+    partial = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(snapshot, partial, symlinks=False)
+    partial.rename(directory)
+    return directory
+
+
+# --------------------------------------------------------------------------- training from a bundle
+
+
+def pull_for_init(cfg: WorkbenchConfig) -> PulledBundle | None:
+    """The bundle ``init.hub_repo_id``/``init.hub_revision`` names, pulled, verified and
+    checked against ``cfg`` before any run exists; None without ``init.hub_repo_id``."""
+    if not cfg.init.hub_repo_id:
+        return None
+    bundle = pull(cfg.init.hub_repo_id, cfg.init.hub_revision)
+    theirs = bundle_config(bundle.directory)
+    for key, ours_value, their_value in (
+        ("env.id", cfg.env.id, theirs.env.id),
+        ("env.normalize", cfg.env.normalize, theirs.env.normalize),
+        ("algo.policy.pi", list(cfg.algo.policy.pi), list(theirs.algo.policy.pi)),
+        ("algo.policy.vf", list(cfg.algo.policy.vf), list(theirs.algo.policy.vf)),
+        ("algo.policy.activation", cfg.algo.policy.activation, theirs.algo.policy.activation),
+    ):
+        if ours_value != their_value:
+            raise ConfigError(
+                f"{key}={ours_value}: the bundle {bundle.repo_id}@{bundle.commit[:12]} was "
+                f"trained with {key}={their_value}; set {key}={hydra_value(their_value)}"
+            )
+    print(f"init: policy from {bundle.repo_id}@{bundle.commit} ({bundle.directory})")
+    return bundle
+
+
+def init_run_info(bundle: PulledBundle) -> dict[str, Any]:
+    """The manifest ``run`` section's record of the policy a run started from."""
+    return {"init_hub": {"repo_id": bundle.repo_id, "revision": bundle.requested_revision,
+                         "commit": bundle.commit}}
+
+
+def initialize_model(model: Any, train_env: Any, bundle: PulledBundle) -> None:
+    """Load the bundle's weights into ``model`` and its statistics into ``train_env``.
+
+    The optimizer starts fresh; VecNormalize's observation statistics continue from the
+    bundle's (the weights were trained on observations normalized by them), its return
+    statistics start fresh.
+    """
+    from safetensors.torch import load_file
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    state = load_file(str(bundle.directory / "weights.safetensors"), device=str(model.device))
+    model.policy.load_state_dict(state)
+    stats = json.loads((bundle.directory / "normalization.json").read_text())
+    if isinstance(train_env, VecNormalize) and stats["norm_obs"]:
+        apply_stats(train_env, stats)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def parse_bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise ValueError(text)
+
+
+parse_bool.__name__ = "bool (true|false)"
+PUSH_ARGUMENTS: dict[str, Any] = {"run": str, "repo_id": str, "private": parse_bool}
+PULL_ARGUMENTS: dict[str, Any] = {"repo_id": str, "revision": str}
+
+
+def main(tokens: Sequence[str]) -> int:
+    """``workbench hub push run=<id> repo_id=<org/name> [private=true|false]`` or
+    ``workbench hub pull repo_id=<org/name> revision=<sha|tag>``."""
+    from workbench.cli import key_value_arguments
+
+    action = tokens[0] if tokens else ""
+    if action not in ("push", "pull"):
+        raise ConfigError(
+            "hub: name an action: hub push run=<run_id> repo_id=<org/name> | "
+            "hub pull repo_id=<org/name> revision=<sha|tag>"
+        )
+    export.quiet_downloads()
+    try:
+        if action == "push":
+            args = key_value_arguments(tokens[1:], PUSH_ARGUMENTS, command="hub push")
+            if "run" not in args:
+                raise ConfigError("hub push: run= missing; pass run=<run_id>")
+            result = push(args["run"], check_repo_id(args.get("repo_id")),
+                          private=args.get("private", True))
+            print_push(result)
+        else:
+            args = key_value_arguments(tokens[1:], PULL_ARGUMENTS, command="hub pull")
+            print_pull(pull(check_repo_id(args.get("repo_id")), args.get("revision")))
+    except BundleError as exc:
+        print(f"workbench: bundle verification failed: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def print_push(result: PushResult) -> None:
+    rows = [("repo", result.repo_id), ("commit", result.commit), ("url", result.commit_url),
+            ("files", ", ".join(result.files)),
+            ("run tags", f"hub.repo_id={result.repo_id}, hub.revision={result.commit}")]
+    _print_rows("Pushed to the Hugging Face Hub", rows)
+    print(result.commit)
+
+
+def print_pull(bundle: PulledBundle) -> None:
+    checks = bundle.checks
+    rows = [
+        ("repo", bundle.repo_id),
+        ("revision", f"{bundle.requested_revision} -> commit {bundle.commit}"),
+        ("files", ", ".join(checks["files"])),
+        ("integrity", "sha256 of every file matches bundle.json"),
+        ("manifest", checks["manifest"]),
+        ("onnx", checks["onnx"]),
+        ("parity", f"{checks['samples']} samples: ONNX Runtime {checks['onnx_max_abs_diff']:.2e}, "
+                   f"safetensors weights {checks['weights_max_abs_diff']:.2e} "
+                   f"(<= {export.PARITY_TOLERANCE:.0e})"),
+        ("directory", bundle.directory),
+    ]
+    _print_rows("Pulled and verified", rows)
+    print(bundle.directory)
+
+
+def _print_rows(title: str, rows: Sequence[tuple[str, Any]]) -> None:
+    from workbench import console
+
+    console.print_table(rows, title=title)

@@ -1,0 +1,223 @@
+"""Export: TorchScript + ONNX of a tiny real run (MuJoCo, SB3, VecNormalize on, MLflow store),
+with the three verifications: parity, ONNX-only replay, latency (printed, never asserted)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import gymnasium
+import numpy as np
+import onnx
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from stable_baselines3 import PPO
+from workbench import cli, export
+from workbench.config import load_config
+from workbench.train import train
+
+from .conftest import TINY, run_cli
+
+NORMALIZED = [*TINY, "env.normalize=true", "tracking.system_metrics=false",
+              "eval.final_episodes=2"]
+EXPORT_FILES = {"policy.pt", "policy.onnx", "export_report.json", "samples.npz", "latency.npz"}
+
+
+@dataclass
+class Exported:
+    run_id: str
+    client: MlflowClient
+    folder: Path  # the run's export/ artifacts, downloaded
+    report: dict
+    stdout: str
+
+
+@pytest.fixture(scope="module")
+def module_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One MLflow store for the module: a single tiny run serves every test."""
+    experiments = tmp_path_factory.mktemp("export") / "experiments"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WORKBENCH_EXPERIMENTS", str(experiments))
+        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{experiments / 'mlflow.db'}")
+        yield experiments
+
+
+@pytest.fixture(scope="module")
+def exported(module_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Exported:
+    """A tiny HalfCheetah run with VecNormalize, exported through the real command line."""
+    result = train(load_config(NORMALIZED))
+    proc = run_cli("export", f"run={result.run_id}", "n_obs=64", "episodes=3", "warmup=20")
+    assert proc.returncode == 0, proc.stderr
+    print(proc.stdout)  # the report table with the measured figures (pytest -s shows it)
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    dst = tmp_path_factory.mktemp("download")
+    folder = Path(client.download_artifacts(result.run_id, "export", str(dst)))
+    report = json.loads((folder / "export_report.json").read_text())
+    return Exported(result.run_id, client, folder, report, proc.stdout)
+
+
+def load_policy(exported: Exported, tmp_path: Path) -> export.PolicySource:
+    return export.load_run(exported.client, exported.run_id, tmp_path)
+
+
+def test_export_logs_files_report_and_metrics(exported: Exported) -> None:
+    names = {Path(a.path).name for a in exported.client.list_artifacts(exported.run_id, "export")}
+    assert names == EXPORT_FILES
+    report = exported.report
+    assert report["run_id"] == exported.run_id
+    assert report["env_id"] == "HalfCheetah-v5"
+    assert (report["observation_dim"], report["action_dim"]) == (17, 6)
+    assert report["graph"]["observation_normalization"] is True
+    assert report["graph"]["clip_obs"] == 10.0
+    parity = report["parity"]
+    assert parity["observations"] == 64
+    assert parity["passed"] is True and report["passed"] is True
+    for key in ("torchscript_max_abs_diff", "onnx_max_abs_diff", "onnx_batch1_max_abs_diff"):
+        assert 0.0 <= parity[key] <= 1e-5, key
+    metrics = exported.client.get_run(exported.run_id).data.metrics
+    assert metrics["export/parity_onnx_max_abs_diff"] == parity["onnx_max_abs_diff"]
+    assert metrics["export/replay_mean_return"] == report["replay"]["mean_return"]
+    # The run keeps its training status: exporting adds files, it does not re-open the run.
+    assert exported.client.get_run(exported.run_id).info.status == "FINISHED"
+    assert "PASS" in exported.stdout and "onnxruntime" in exported.stdout
+
+
+def test_onnx_graph_passes_checker_with_dynamic_batch(exported: Exported) -> None:
+    model = onnx.load(str(exported.folder / "policy.onnx"))
+    onnx.checker.check_model(model, full_check=True)
+    (graph_input,), (graph_output,) = model.graph.input, model.graph.output
+    assert (graph_input.name, graph_output.name) == ("obs", "action")
+    in_dims = graph_input.type.tensor_type.shape.dim
+    assert in_dims[0].dim_param and not in_dims[0].dim_value  # symbolic batch axis
+    assert in_dims[1].dim_value == 17
+    assert exported.report["graph"]["onnx_opset"] == max(o.version for o in model.opset_import
+                                                         if o.domain in ("", "ai.onnx"))
+    session = export.onnx_session(exported.folder / "policy.onnx")
+    for batch in (1, 7):
+        out = session.run(None, {"obs": np.zeros((batch, 17), np.float32)})[0]
+        assert out.shape == (batch, 6)
+
+
+def test_graph_holds_normalization_and_clipping(exported: Exported, tmp_path: Path) -> None:
+    source = load_policy(exported, tmp_path)
+    with np.load(exported.folder / "samples.npz") as samples:
+        obs = samples["observations"]
+    session = export.onnx_session(exported.folder / "policy.onnx")
+    onnx_out = session.run(None, {"obs": obs})[0]
+    with_norm, _ = source.model.predict(source.vecnormalize.normalize_obs(obs), deterministic=True)
+    without_norm, _ = source.model.predict(obs, deterministic=True)
+    assert np.max(np.abs(onnx_out - with_norm)) <= 1e-5
+    assert np.max(np.abs(onnx_out - without_norm)) > 1e-3  # raw obs really are normalized
+    # Extreme sensor values: normalization clips at +-clip_obs, actions stay in the box.
+    extreme = np.full((2, 17), 1e6, np.float32) * np.array([[1.0], [-1.0]], np.float32)
+    onnx_extreme = session.run(None, {"obs": extreme})[0]
+    sb3_extreme, _ = source.model.predict(source.vecnormalize.normalize_obs(extreme),
+                                          deterministic=True)
+    np.testing.assert_allclose(onnx_extreme, sb3_extreme, atol=1e-5)
+    assert onnx_extreme.min() >= -1.0 and onnx_extreme.max() <= 1.0
+    scripted = torch.jit.load(str(exported.folder / "policy.pt"))
+    with torch.no_grad():
+        np.testing.assert_allclose(scripted(torch.from_numpy(extreme)).numpy(), sb3_extreme,
+                                   atol=1e-5)
+
+
+def test_replay_is_driven_by_onnx_and_matches_sb3_episodes(
+    exported: Exported, tmp_path: Path
+) -> None:
+    replayed = exported.report["replay"]
+    seeds = replayed["seeds"]
+    assert len(seeds) == replayed["episodes"] == 3
+    assert replayed["lengths"] == [50, 50, 50]  # env.max_episode_steps=50, no termination
+    # The same seeded episodes driven by SB3 itself give the same returns: the graph's
+    # normalization, network and clipping are SB3's.
+    source = load_policy(exported, tmp_path)
+    env = export.make_env(source.config)
+    sb3_returns = []
+    for seed in seeds:
+        obs, _ = env.reset(seed=seed)
+        total, done = 0.0, False
+        while not done:
+            action = export.reference_actions(source, obs.astype(np.float32)[None])[0]
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            done = terminated or truncated
+        sb3_returns.append(total)
+    env.close()
+    np.testing.assert_allclose(replayed["returns"], sb3_returns, atol=1e-4)
+    logged = exported.client.get_run(exported.run_id).data.metrics
+    assert replayed["logged_eval_mean"] == logged["summary/eval_mean_reward"]
+    expected_delta = replayed["mean_return"] - replayed["logged_eval_mean"]
+    assert replayed["delta"] == pytest.approx(expected_delta)
+    assert replayed["consistent"] == (abs(replayed["delta"]) <= replayed["tolerance"])
+
+
+def test_latency_is_reported_per_backend(exported: Exported) -> None:
+    latency = exported.report["latency"]
+    assert (latency["calls"], latency["warmup"], latency["threads"]) == (1000, 20, 1)
+    assert set(latency["backends"]) == {"sb3_eager", "torchscript", "onnxruntime"}
+    for stats in latency["backends"].values():
+        assert stats["first_call_ms"] > 0
+        for mode in ("inference_ms", "end_to_end_ms"):
+            s = stats[mode]
+            assert 0 < s["p50"] <= s["p99"] <= s["max"]
+    with np.load(exported.folder / "latency.npz") as samples:
+        assert sorted(samples.files) == sorted(
+            f"{b}__{m}" for b in latency["backends"] for m in ("inference", "end_to_end"))
+        assert all(samples[k].shape == (1000,) for k in samples.files)
+
+
+def test_fp16_variant_only_on_gpu(exported: Exported) -> None:
+    fp16 = exported.report["fp16"]
+    if torch.cuda.is_available():
+        assert fp16["file"] == "policy_fp16_cuda.pt"
+    else:
+        assert fp16 == {"skipped": "no CUDA device (FP16 runs only on a GPU)"}
+
+
+@pytest.mark.slow
+def test_export_without_normalization(tmp_path: Path) -> None:
+    """An untrained policy without VecNormalize: the graph is the bare actor plus clipping."""
+    cfg = load_config(["env=inverted_pendulum", "env.max_episode_steps=20", "device=cpu"])
+    model = PPO("MlpPolicy", gymnasium.make("InvertedPendulum-v5"), n_steps=64, batch_size=64,
+                seed=0, device="cpu")
+    source = export.PolicySource(model, None, cfg, None, None, origin="untrained")
+    result = export.export_policy(source, tmp_path / "out", observations=16, episodes=1,
+                                  calls=1000, warmup=0)
+    assert result.passed
+    assert result.report["graph"]["observation_normalization"] is False
+    assert result.report["replay"]["consistent"] is None  # nothing logged to compare with
+    assert {p.name for p in (tmp_path / "out").iterdir()} == EXPORT_FILES
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["export"], "export: name exactly one policy: run=<run_id>"),
+        (["export", "run"], "export: argument 'run': write key=value"),
+        (["export", "run=abc", "epsiodes=3"], "export: unknown argument 'epsiodes'"),
+        (["export", "run=abc", "calls=10"], "calls=10: latency needs at least 1000"),
+        (["export", "run=abc", "n_obs=many"], "export: n_obs='many': expected int"),
+        (["export", "run=0123abc"], "tracking store sqlite:///"),
+    ],
+)
+def test_bad_export_arguments_exit_2_with_one_line(
+    argv: list[str], message: str, store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"workbench: error: {message}"), err
+    assert err.count("\n") == 1
+    assert not (store / "mlartifacts").exists()  # nothing written to the store
+
+
+def test_unknown_run_in_existing_store(
+    exported: Exported, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["export", "run=0123abc"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("workbench: error: run=0123abc: no such run in sqlite:///"), err
+    assert err.count("\n") == 1
