@@ -202,6 +202,8 @@ def test_export_without_normalization(tmp_path: Path) -> None:
         (["export", "run=abc", "calls=10"], "calls=10: latency needs at least 1000"),
         (["export", "run=abc", "n_obs=many"], "export: n_obs='many': expected int"),
         (["export", "run=0123abc"], "tracking store sqlite:///"),
+        (["export", "bundle=/nonexistent"], "bundle=/nonexistent: no bundle.json there"),
+        (["export", "run=x", "bundle=/tmp"], "export: name exactly one policy"),
     ],
 )
 def test_bad_export_arguments_exit_2_with_one_line(
@@ -221,3 +223,40 @@ def test_unknown_run_in_existing_store(
     err = capsys.readouterr().err
     assert err.startswith("workbench: error: run=0123abc: no such run in sqlite:///"), err
     assert err.count("\n") == 1
+
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "export.ipynb"
+
+
+def test_notebook_is_thin_and_stored_without_outputs() -> None:
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    assert nb.metadata.kernelspec.name == "workbench"
+    assert nb.metadata.kernelspec.language == "python"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code[0].metadata.get("tags") == ["parameters"]
+    assert all(c.outputs == [] and c.execution_count is None for c in code)
+    assert "export.export_run(" in code[1].source
+
+
+@pytest.mark.slow
+def test_notebook_exports_through_papermill(exported: Exported, tmp_path: Path) -> None:
+    import papermill
+
+    out = tmp_path / "export.ipynb"
+    papermill.execute_notebook(
+        str(NOTEBOOK), str(out), kernel_name="workbench", cwd=str(tmp_path),
+        parameters={"run_id": exported.run_id, "n_obs": 16, "episodes": 1, "warmup": 0},
+        progress_bar=False,
+    )
+    import nbformat
+
+    executed = nbformat.read(out, as_version=4)
+    text = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code"
+                   for o in c.outputs)
+    assert f"Export of run {exported.run_id} (HalfCheetah-v5)" in text
+    assert "PASS" in text
+    images = [o for c in executed.cells for o in c.get("outputs", [])
+              if "image/png" in o.get("data", {})]
+    assert len(images) == 2  # latency distributions, replay vs training log

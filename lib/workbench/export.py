@@ -639,6 +639,22 @@ def open_store(tracking_uri: str | None = None) -> Any:
     return tracking.make_client(uri)
 
 
+def latest_run_id(experiment: str = "workbench", tracking_uri: str | None = None) -> str:
+    """Id of the most recent FINISHED run of ``experiment`` (the notebook's default)."""
+    client = open_store(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    runs = [] if found is None else client.search_runs(
+        [found.experiment_id], filter_string="attributes.status = 'FINISHED'",
+        order_by=["attributes.start_time DESC"], max_results=1,
+    )
+    if not runs:
+        raise ConfigError(
+            f"experiment {experiment!r}: no finished run to export; train one first "
+            "(workbench train) or pass run_id"
+        )
+    return str(runs[0].info.run_id)
+
+
 def get_run(client: Any, run_id: str) -> Any:
     """The MLflow run ``run_id`` or a ConfigError naming the store."""
     from mlflow.exceptions import MlflowException
