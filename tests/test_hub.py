@@ -136,6 +136,9 @@ def exported_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("WORKBENCH_EXPERIMENTS", str(experiments))
         patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{experiments / 'mlflow.db'}")
+        # The token is in the environment while the run is recorded (manifest, params):
+        # the greps of the store below then also prove that recording never captures it.
+        patch.setenv("HF_TOKEN", TOKEN)
         result = train(load_config(NORMALIZED))
         export.export_run(result.run_id, observations=32, episodes=1, warmup=0)
         yield Run(result.run_id, MlflowClient(os.environ["MLFLOW_TRACKING_URI"]), experiments)
@@ -204,6 +207,9 @@ def test_push_uploads_bundle_card_and_tags_run(
     has_manifest = "manifest.json" in {a.path for a in exported_run.client.list_artifacts(
         exported_run.run_id)}
     assert set(commit["files"]) == BUNDLE | ({"manifest.json"} if has_manifest else set())
+    if has_manifest:  # the manifest helper records one with every run
+        manifest = json.loads(commit["files"]["manifest.json"])
+        assert manifest["packages"]["torch"] == torch.__version__
     # Every request carried the token, as huggingface_hub's own header (nothing else reads it).
     authorized = [auth for method, _, auth in stand_in_hub.requests if method == "POST"]
     assert authorized and set(authorized) == {f"Bearer {TOKEN}"}
@@ -225,6 +231,7 @@ def test_push_uploads_bundle_card_and_tags_run(
         "- training steps: 384", "| `algo.n_steps` | 64 |", "| `env.num_envs` | 2 |",
         "| `algo.learning_rate` | 0.0003 |", f"- torch {torch.__version__}",
         f"value: {mean:.2f} +/- {std:.2f}", exported_run.run_id,
+        "From the run's manifest.json:" if has_manifest else "The run has no manifest.json",
     ]:
         assert expected in card, expected
     # The reproduce command composes exactly the run's configuration.
@@ -396,6 +403,9 @@ def test_training_starts_from_a_pulled_bundle(
     assert params["init.hub_repo_id"] == REPO
     assert params["init.hub_revision"] == "v1"
     assert params["init.hub_commit"] == pulled.commit
+    manifest_path = client.download_artifacts(result.run_id, "manifest.json", str(tmp_path))
+    run_section = json.loads(Path(manifest_path).read_text())["run"]
+    assert run_section["init_hub"] == {"repo_id": REPO, "revision": "v1", "commit": pulled.commit}
     folder = Path(client.download_artifacts(result.run_id, "model", str(tmp_path / "dl")))
     trained = PPO.load(folder / "model.zip", device="cpu").policy.state_dict()
     for name, tensor in bundle_weights.items():

@@ -332,16 +332,21 @@ def software_lines(manifest: Mapping[str, Any] | None) -> list[str]:
         ]
     packages = manifest.get("packages") or {}
     lines = ["From the run's manifest.json:", ""]
-    if manifest.get("python"):
-        lines.append(f"- python {manifest['python']}")
-    lines += [f"- {name} {packages[name]}" for name in CARD_PACKAGES if name in packages]
+    python = manifest.get("python")
+    version = python.get("version") if isinstance(python, Mapping) else python
+    if version:
+        lines.append(f"- python {version}")
+    lines += [f"- {name} {packages[name]}" for name in CARD_PACKAGES if packages.get(name)]
     cuda = manifest.get("cuda") or {}
-    if isinstance(cuda, Mapping) and any(cuda.values()):
+    if isinstance(cuda, Mapping) and cuda.get("available"):
         lines.append("- cuda " + ", ".join(f"{k} {v}" for k, v in cuda.items() if v))
     git = manifest.get("git") or {}
     if isinstance(git, Mapping) and git.get("commit"):
         dirty = " (dirty)" if git.get("dirty") else ""
         lines.append(f"- workbench git commit {git['commit']}{dirty}")
+    run = manifest.get("run") or {}
+    if isinstance(run, Mapping) and run.get("command"):
+        lines += ["", f"Started as: `{run['command']}` ({run.get('started_by')})."]
     return lines
 
 
