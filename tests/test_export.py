@@ -153,6 +153,7 @@ def test_replay_is_driven_by_onnx_and_matches_sb3_episodes(
     expected_delta = replayed["mean_return"] - replayed["logged_eval_mean"]
     assert replayed["delta"] == pytest.approx(expected_delta)
     assert replayed["consistent"] == (abs(replayed["delta"]) <= replayed["tolerance"])
+    assert replayed["note"] is None  # no eval.randomization: same nominal task as the log
 
 
 def test_latency_is_reported_per_backend(exported: Exported) -> None:

@@ -353,6 +353,7 @@ def replay(
         "delta": None,
         "tolerance": None,
         "consistent": None,
+        "note": randomization_note(cfg),
     }
     if logged_mean is not None and math.isfinite(logged_mean):
         spread = max(std, logged_std if logged_std is not None and math.isfinite(logged_std) else 0)
@@ -362,6 +363,16 @@ def replay(
             consistent=abs(mean - logged_mean) <= tolerance,
         )
     return result
+
+
+def randomization_note(cfg: WorkbenchConfig) -> str | None:
+    """Why replay and training log may differ by design: the replay runs the nominal task."""
+    from workbench.config import RandomizationConfig
+
+    if cfg.eval.randomization == RandomizationConfig():
+        return None
+    return ("the logged evaluation ran under eval.randomization; this replay runs the nominal "
+            "task (no randomization), as a deployed controller sees it")
 
 
 def latency_stats(samples_s: np.ndarray) -> dict[str, float]:
@@ -774,9 +785,10 @@ def replay_line(replayed: Mapping[str, Any]) -> str:
     if replayed["consistent"] is None:
         return text + "; the run logged no final evaluation to compare with"
     verdict = "consistent" if replayed["consistent"] else "DIFFERS"
+    note = f" [{replayed['note']}]" if replayed.get("note") else ""
     return (f"{text}; training log {replayed['logged_eval_mean']:.2f} +- "
             f"{replayed['logged_eval_std']:.2f}: {verdict} (delta {replayed['delta']:+.2f}, "
-            f"tolerance {replayed['tolerance']:.2f})")
+            f"tolerance {replayed['tolerance']:.2f}){note}")
 
 
 def fp16_line(fp16: Mapping[str, Any]) -> str:
