@@ -236,6 +236,22 @@ def test_a_diverged_run_never_ranks_first(tmp_path: Path) -> None:
     assert [row[7] for row in ranking.rows] == ["FINISHED", "FAILED", "FINISHED"]
 
 
+def test_each_task_gets_its_own_heatmaps(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("tasks", artifact_location=(tmp_path / "a").as_uri())
+    ids = [synthetic_run(client, exp, f"{env}-{ne}", 1000 + i, {
+        "env": env, "num_envs": str(ne), "n_steps": "8"}, reward=float(i))
+        for i, (env, ne) in enumerate([("hopper", 1), ("hopper", 2), ("walker 2d", 1)])]
+    rep = report.build_report(client, Selection(run_ids=tuple(ids)), store=uri)
+    assert [f.filename for f in rep.figures] == [  # tasks in rank order (walker is best)
+        "reward_curves.png", "update_signals.png", "grid_heatmaps-walker_2d.png",
+        "grid_heatmaps-hopper.png", "time_split.png"]
+    hopper = report.grid_cells(report.points_by_env(rep.points)["hopper"])
+    assert {cell: values["reward"] for cell, values in hopper.items()} == {
+        (1, 8): 0.0, (2, 8): 1.0}
+
+
 # --------------------------------------------------------------------------- manifests
 
 

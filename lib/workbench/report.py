@@ -597,18 +597,34 @@ def render_figures(points: Sequence[Point], thresholds: Thresholds) -> list[Figu
                        curves("train/approx_kl"), clip_max=thresholds.clip_fraction_max,
                        kl_max=thresholds.approx_kl_max))),
     ]
-    cells = grid_cells(points)
-    if cells:
+    by_env = points_by_env(points)
+    for env, env_points in by_env.items():
+        cells = grid_cells(env_points)
+        if not cells:
+            continue
+        # Rewards of different tasks do not share a scale: one heatmap figure per task.
+        suffix = f"-{re.sub(r'[^A-Za-z0-9_.-]+', '_', env)}" if len(by_env) > 1 else ""
+        where = f" ({env})" if len(by_env) > 1 else ""
         out.append(FigureFile(
-            "grid_heatmaps.png", "Final reward, fps and wall time over the grid",
-            "Mean over seeds per (num_envs, n_steps) cell; dashed lines join cells with the "
-            "same samples per update (num_envs × n_steps).",
+            f"grid_heatmaps{suffix}.png", f"Final reward, fps and wall time over the grid{where}",
+            "Mean over the runs (seeds) of each (num_envs, n_steps) cell; dashed lines join "
+            "cells with the same samples per update (num_envs × n_steps).",
             figures.png_bytes(figures.grid_figure(cells, figures.GRID_METRICS))))
     out.append(FigureFile(
         "time_split.png", "Time split per iteration",
         "Seconds per PPO iteration spent collecting rollouts vs updating the policy.",
         figures.png_bytes(figures.time_split_figure([time_split(p) for p in points]))))
     return out
+
+
+def points_by_env(points: Sequence[Point]) -> dict[str, list[Point]]:
+    """Points grouped by their task (the ``env`` tag, else the env.id param)."""
+    grouped: dict[str, list[Point]] = {}
+    for point in points:
+        run = point.runs[0]
+        env = run.tags.get("env") or run.params.get("env.id") or "unknown"
+        grouped.setdefault(env, []).append(point)
+    return grouped
 
 
 def grid_cells(points: Sequence[Point]) -> dict[tuple[int, int], dict[str, float]]:
