@@ -67,7 +67,7 @@ server-stop: setup
 	$(PY) -m workbench server stop
 
 bench: setup
-	$(PY) benchmarks/tracking_overhead.py $(ARGS)
+	$(PY) benchmarks/bench.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

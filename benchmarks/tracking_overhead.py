@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = Path(os.environ.get("WORKBENCH_BENCH_RESULTS") or ROOT / "benchmarks" / "results")
 
 
 def bare_main(args: argparse.Namespace) -> None:
@@ -87,7 +87,9 @@ def main() -> None:
     wb_cmd = [sys.executable, "-m", "workbench", "train", f"env={env_name}",
               f"env.num_envs={args.num_envs}", f"algo.n_steps={args.n_steps}",
               f"algo.batch_size={args.batch_size}", f"total_timesteps={args.steps}",
-              "eval.final_episodes=0", "device=cpu"]
+              "eval.final_episodes=0", "device=cpu",
+              # the bare script's setting, whatever conf/ defaults to (issue 8 changed them)
+              "algo=ppo_sb3", "env.normalize=false", "env.vec_env=dummy"]
     rows: dict[str, list[dict[str, float]]] = {"bare": [], "workbench": []}
     for rep in range(args.reps):
         bare = run_child(bare_cmd, env)

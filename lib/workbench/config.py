@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from workbench import paths
 
-VEC_ENV_CHOICES = ("dummy", "subproc")
+VEC_ENV_CHOICES = ("dummy", "subproc", "envpool", "auto")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 ACTIVATION_CHOICES = ("tanh", "relu", "elu")
 LR_SCHEDULE_CHOICES = ("constant", "linear")
@@ -60,7 +60,9 @@ class EnvConfig:
     name: str = "halfcheetah"  # group option this came from (conf/env/<name>.yaml)
     id: str = "HalfCheetah-v5"  # gymnasium id
     num_envs: int = 1  # parallel environment copies; per-env seed = seed + rank
-    vec_env: str = "dummy"  # dummy (same process) | subproc (one process per env)
+    # dummy (same process) | subproc (one process per env) | envpool (C++ threads, extra
+    # ``fast``) | auto (a short, cached calibration picks one; logged as derived.vec_env)
+    vec_env: str = "auto"
     normalize: bool = False  # wrap in SB3's VecNormalize (running obs/return statistics)
     norm_obs: bool = True  # with normalize: normalize observations
     norm_reward: bool = True  # with normalize: scale rewards by the return's running std
@@ -339,6 +341,10 @@ def check_values(cfg: WorkbenchConfig) -> None:
     randomization.check_settings("env.randomization", cfg.env.randomization, cfg.env.id)
     randomization.check_settings("eval.randomization", cfg.eval.randomization, cfg.env.id)
     check_init(cfg.init)
+    if cfg.env.vec_env == "envpool":
+        from workbench.envpool_vec import check_support
+
+        check_support(cfg.env.id, cfg.env.kwargs, cfg.env.randomization)
 
 
 def check_init(init: InitConfig) -> None:

@@ -3,7 +3,9 @@
 Built with SB3's own ``make_vec_env`` (Monitor wrapper for episode statistics, env rank ``r``
 seeded with ``seed + r``), optionally wrapped in ``VecNormalize``. Environment classes must
 live in importable modules: ``SubprocVecEnv`` starts its workers with the forkserver method,
-which re-imports them.
+which re-imports them. ``vec_env="envpool"`` builds :class:`workbench.envpool_vec.EnvPoolVecEnv`
+(optional extra ``fast``) instead; ``vec_env="auto"`` is resolved by
+:mod:`workbench.calibration` (a short, cached measurement).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class EnvSpec:
 
     env_id: str
     num_envs: int
-    vec_env: str = "dummy"
+    vec_env: str = "dummy"  # dummy | subproc | envpool | auto
     seed: int = 0
     max_episode_steps: int | None = None
     kwargs: dict[str, Any] | None = None
@@ -50,17 +52,34 @@ class EnvSpec:
 
 def make_envs(spec: EnvSpec) -> VecEnv:
     """Training environments: ``num_envs`` copies, rank r seeded with ``seed + r``."""
+    if spec.vec_env == "auto":
+        from workbench.calibration import resolve_spec
+
+        spec = resolve_spec(spec)
     env_kwargs = dict(spec.kwargs or {})
-    if spec.max_episode_steps is not None:
-        env_kwargs["max_episode_steps"] = spec.max_episode_steps
-    venv = make_vec_env(
-        robots.importable_id(spec.env_id),
-        n_envs=spec.num_envs,
-        seed=spec.seed,
-        vec_env_cls=VEC_ENV_CLASSES[spec.vec_env],
-        env_kwargs=env_kwargs,
-        wrapper_class=randomization_wrapper(spec.randomization),
-    )
+    venv: VecEnv
+    if spec.vec_env == "envpool":
+        from workbench.envpool_vec import EnvPoolVecEnv
+
+        venv = EnvPoolVecEnv(
+            spec.env_id,
+            spec.num_envs,
+            seed=spec.seed,
+            max_episode_steps=spec.max_episode_steps,
+            kwargs=env_kwargs,
+            num_threads=min(spec.num_envs, cpu_budget()),
+        )
+    else:
+        if spec.max_episode_steps is not None:
+            env_kwargs["max_episode_steps"] = spec.max_episode_steps
+        venv = make_vec_env(
+            robots.importable_id(spec.env_id),
+            n_envs=spec.num_envs,
+            seed=spec.seed,
+            vec_env_cls=VEC_ENV_CLASSES[spec.vec_env],
+            env_kwargs=env_kwargs,
+            wrapper_class=randomization_wrapper(spec.randomization),
+        )
     if spec.normalize:
         venv = VecNormalize(
             venv,

@@ -7,11 +7,12 @@ tests all call this function; nothing forks it.
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,12 @@ from typing import Any
 import torch
 from mlflow.tracking import MlflowClient
 from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.utils import get_linear_fn
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
-from workbench import config, console, envs, hub, manifest, tracking
+from workbench import calibration, config, console, envs, hub, manifest, tracking
 from workbench.callbacks import IterationCallback, evaluate, reward_component_callbacks
 from workbench.config import WorkbenchConfig
 
@@ -54,12 +56,14 @@ def train(
     tags: Mapping[str, str] | None = None,
     parent_run_id: str | None = None,
     run_info: Mapping[str, Any] | None = None,
+    callbacks: Sequence[BaseCallback] = (),
 ) -> TrainResult:
     """Train PPO as configured and record the run; returns its summary.
 
     ``tags`` are added to the MLflow run; ``parent_run_id`` nests it under a sweep's run.
     ``run_info`` (command line, or notebook path and papermill parameters, overrides) goes
     into the manifest's ``run`` section; without it the manifest detects what it can.
+    ``callbacks`` are extra SB3 callbacks run after the workbench's own (e.g. live plots).
     The run ends FINISHED, FAILED (error message in the ``error`` tag) or KILLED.
     """
     cfg = config.validate(cfg)  # type: ignore[arg-type]
@@ -70,7 +74,9 @@ def train(
     uri = tracking.resolve_tracking_uri(cfg.tracking.uri)
     client = tracking.make_client(uri)
     experiment_id = tracking.ensure_experiment(client, cfg.tracking.experiment, uri)
-    threads = cfg.torch_threads or envs.auto_torch_threads(cfg.env.num_envs, cfg.env.vec_env)
+    # env.vec_env=auto is resolved here, once, before the run exists (calibration.py)
+    vec_choice = calibration.choose_vec_env(env_spec(cfg))
+    threads = cfg.torch_threads or envs.auto_torch_threads(cfg.env.num_envs, vec_choice.name)
     torch.set_num_threads(threads)
     manifest.configure_determinism(cfg.repro.deterministic)
 
@@ -89,22 +95,25 @@ def train(
         run_manifest = manifest.record_manifest(
             client, run_id, run_info, seed=cfg.seed, keep_tags=list(run_tags)
         )
-        tracking.log_params(client, run_id, manifest.scrub(run_params(cfg, derived, threads)))
+        params = {**run_params(cfg, derived, threads), **vec_choice.params()}
+        tracking.log_params(client, run_id, manifest.scrub(params))
         client.log_text(run_id, manifest.scrub_yaml(config.to_dict(cfg)), "config.yaml")
         if init_bundle is not None:  # the commit a tag or branch resolved to, pinned
             tracking.log_params(client, run_id, {"init.hub_commit": init_bundle.commit})
-        spec = env_spec(cfg)
+        spec = dataclasses.replace(env_spec(cfg), vec_env=vec_choice.name)
         train_env = envs.make_envs(spec)
         eval_env = envs.make_eval_env(spec, randomization=cfg.eval.randomization)
         model = build_model(cfg, train_env)
         if init_bundle is not None:
             hub.initialize_model(model, train_env, init_bundle)
-        console.print_header(header_lines(cfg, derived, model, threads, uri, run_id, run_name))
+        console.print_header(
+            header_lines(cfg, derived, model, threads, uri, run_id, run_name, vec_choice)
+        )
         model.set_logger(build_logger(client, run_id, cfg, derived.iterations))
 
         started = time.perf_counter()
-        callbacks = build_callbacks(cfg, eval_env) + reward_component_callbacks(train_env)
-        model.learn(cfg.total_timesteps, callback=callbacks, log_interval=1)
+        own = build_callbacks(cfg, eval_env) + reward_component_callbacks(train_env)
+        model.learn(cfg.total_timesteps, callback=[*own, *callbacks], log_interval=1)
         wall = time.perf_counter() - started
 
         mean, std = evaluate(model, train_env, eval_env, cfg.eval.final_episodes)
@@ -346,6 +355,7 @@ def header_lines(
     uri: str,
     run_id: str,
     run_name: str,
+    vec_choice: calibration.VecEnvChoice | None = None,
 ) -> dict[str, Any]:
     """What the run is about to do, printed once before training."""
     cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
@@ -353,8 +363,10 @@ def header_lines(
     return {
         "task": f"{cfg.env.id}  obs {model.observation_space.shape}  "
         f"act {model.action_space.shape}",
-        "envs": f"{cfg.env.num_envs} x {cfg.env.vec_env}{normalize}, seeds {derived.env_seeds[0]}"
-        f"..{derived.env_seeds[-1]}",
+        "envs": f"{cfg.env.num_envs} x {vec_choice.name if vec_choice else cfg.env.vec_env}"
+        f"{normalize}, seeds {derived.env_seeds[0]}"
+        f"..{derived.env_seeds[-1]}"
+        + (f" ({vec_choice.reason})" if vec_choice and cfg.env.vec_env == "auto" else ""),
         "rollout": f"{derived.rollout_size} samples = {cfg.env.num_envs} envs x "
         f"{cfg.algo.n_steps} steps; {derived.minibatches_per_epoch} minibatches of "
         f"{cfg.algo.batch_size} x {cfg.algo.n_epochs} epochs",

@@ -1,0 +1,312 @@
+"""Time-to-reward: training seconds until a deterministic evaluation reaches a return threshold.
+
+Side by side, on the same machine in the same run, interleaved seed by seed (the order rotates
+each seed so no contestant always runs first), each run in a fresh process:
+
+- ``workbench``: the workbench's default configuration for the task (``workbench train
+  env=<task>``, i.e. ``conf/`` as shipped), through ``workbench.train.train``;
+- ``sb3``: bare stable-baselines3 at its defaults: ``PPO("MlpPolicy", make_vec_env(id, 1))``;
+- ``zoo``: rl-baselines3-zoo's tuned hyperparameters (``experiment=zoo_<task>``).
+
+Protocol (the same for every contestant): every ``--eval-every`` environment steps, at the end
+of a rollout, ``--episodes`` deterministic episodes run on a separate gymnasium env (seed
+10000 + seed, VecNormalize statistics synced and frozen). The clock counts training only:
+evaluation time is excluded. A threshold's time is the training time at the first evaluation
+whose mean return reaches it (so it is resolved to one evaluation interval). A run stops when
+it has reached every threshold, or after ``--budget-s`` training seconds or ``--max-steps``.
+
+Thresholds: quick mode uses a low one (HalfCheetah 0, reached within seconds by a learning
+configuration), the full mode HalfCheetah 1000 / 3000 / 5000 (issue 8's targets; the zoo
+publishes 5819 +- 664 at 1M steps) and Hopper 1000 / 2000 (the zoo's Hopper reaches
+~2400 at 1M steps).
+
+    python benchmarks/time_to_reward.py --quick
+    python benchmarks/time_to_reward.py --tasks halfcheetah --seeds 0 1 2 --budget-s 600
+    python benchmarks/time_to_reward.py --tasks halfcheetah --contestant \\
+        wide=env.num_envs=16,algo.n_steps=64 --only workbench wide
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+THRESHOLDS = {"halfcheetah": [1000.0, 3000.0, 5000.0], "hopper": [1000.0, 2000.0]}
+QUICK_THRESHOLDS = {"halfcheetah": [0.0], "hopper": [200.0]}
+ENV_IDS = {"halfcheetah": "HalfCheetah-v5", "hopper": "Hopper-v5"}
+BUILTIN = ("workbench", "sb3", "zoo")
+
+
+# --------------------------------------------------------------------------- child process
+
+
+def make_callback(env_id: str, seed: int, normalize: bool, args: dict[str, Any]) -> Any:
+    """The time-to-reward callback with its own evaluation env (built here, in the child)."""
+    from stable_baselines3.common.callbacks import BaseCallback
+    from workbench.callbacks import evaluate
+    from workbench.envs import EnvSpec, make_eval_env
+
+    eval_env = make_eval_env(EnvSpec(env_id, 1, seed=seed, normalize=normalize))
+
+    class TimeToReward(BaseCallback):
+        """Evaluates every ``eval_every`` steps with the clock paused; stops when done."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.thresholds = sorted(args["thresholds"])
+            self.reached: dict[str, dict[str, float]] = {}
+            self.evals: list[dict[str, float]] = []
+            self.next_eval = args["eval_every"]
+            self.paused = self.rollout_s = 0.0
+            self.started = self.rollout_started = 0.0
+            self.done = False
+
+        def _on_training_start(self) -> None:
+            self.started = time.perf_counter()
+
+        def _on_rollout_start(self) -> None:
+            self.rollout_started = time.perf_counter()
+
+        def _on_step(self) -> bool:
+            return not self.done
+
+        def _on_rollout_end(self) -> None:
+            now = time.perf_counter()
+            self.rollout_s += now - self.rollout_started
+            train_s = now - self.started - self.paused
+            if train_s >= args["budget_s"] or self.num_timesteps >= args["max_steps"]:
+                self.done = True
+            if self.num_timesteps < self.next_eval and not self.done:
+                return
+            while self.next_eval <= self.num_timesteps:
+                self.next_eval += args["eval_every"]
+            mean, _ = evaluate(self.model, self.training_env, eval_env, args["episodes"])
+            self.evals.append({"steps": self.num_timesteps, "train_s": round(train_s, 3),
+                               "return": round(mean, 2)})
+            for threshold in self.thresholds:
+                if str(threshold) not in self.reached and mean >= threshold:
+                    self.reached[str(threshold)] = {"train_s": train_s,
+                                                    "steps": self.num_timesteps}
+            if len(self.reached) == len(self.thresholds):
+                self.done = True
+            self.paused += time.perf_counter() - now
+
+        def result(self) -> dict[str, Any]:
+            train_s = (self.evals[-1]["train_s"] if self.evals else float("nan"))
+            steps = self.evals[-1]["steps"] if self.evals else 0
+            return {"reached": self.reached, "evals": self.evals, "train_s": train_s,
+                    "steps": steps, "rollout_s": self.rollout_s,
+                    "fps": steps / train_s if train_s else float("nan")}
+
+    return TimeToReward()
+
+
+def child(spec: dict[str, Any]) -> None:
+    """One contestant, one seed: train until the thresholds or the budget; print JSON."""
+    env_id, seed = ENV_IDS[spec["task"]], spec["seed"]
+    if spec["contestant"] == "sb3":
+        result = bare_sb3(env_id, seed, spec)
+    else:
+        result = workbench_run(spec["overrides"], seed, spec)
+    result["update_share"] = 1.0 - result.pop("rollout_s") / result["train_s"]
+    print(json.dumps(result))
+
+
+def bare_sb3(env_id: str, seed: int, spec: dict[str, Any]) -> dict[str, Any]:
+    """stable-baselines3 at its defaults: the baseline every user starts from."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    venv = make_vec_env(env_id, n_envs=1, seed=seed)
+    model = PPO("MlpPolicy", venv, seed=seed, device=spec["device"], verbose=0)
+    callback = make_callback(env_id, seed, False, spec)
+    model.learn(spec["max_steps"], callback=callback)
+    venv.close()
+    return callback.result()
+
+
+def workbench_run(overrides: list[str], seed: int, spec: dict[str, Any]) -> dict[str, Any]:
+    """A workbench configuration through ``train()`` (tracking and all) into a temp store."""
+    import os
+
+    from workbench.config import load_config
+    from workbench.train import train
+
+    store = Path(tempfile.mkdtemp(prefix="wb-ttr-"))
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store / 'mlflow.db'}"
+    os.environ["WORKBENCH_EXPERIMENTS"] = str(store)
+    cfg = load_config([*overrides, f"seed={seed}", f"total_timesteps={spec['max_steps']}",
+                       f"device={spec['device']}", "eval.every_steps=0",
+                       "eval.final_episodes=0", "console.progress_bar=false",
+                       "console.iteration_lines=false"])
+    callback = make_callback(cfg.env.id, seed, cfg.env.normalize, spec)
+    train(cfg, callbacks=[callback])
+    return {**callback.result(), "num_envs": cfg.env.num_envs}
+
+
+# --------------------------------------------------------------------------- parent
+
+
+def contestants(task: str, extra: list[str], only: list[str] | None) -> dict[str, list[str]]:
+    """Name -> workbench overrides (``sb3`` has none: it is bare SB3)."""
+    table: dict[str, list[str]] = {"workbench": [f"env={task}"], "sb3": [],
+                                   "zoo": [f"experiment=zoo_{task}"]}
+    for item in extra:
+        name, _, overrides = item.partition("=")
+        table[name] = [f"env={task}", *split_overrides(overrides)]
+    if only:
+        table = {name: table[name] for name in only}
+    return table
+
+
+def split_overrides(text: str) -> list[str]:
+    """``a=1,b=[2,3]`` -> ``["a=1", "b=[2,3]"]``: commas inside brackets stay."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return [p for p in [*parts, current] if p]
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Run every (task, seed, contestant) interleaved; returns all raw results."""
+    runs: list[dict[str, Any]] = []
+    for task in args.tasks:
+        table = contestants(task, args.contestant, args.only)
+        thresholds = args.thresholds or (QUICK_THRESHOLDS if args.quick else THRESHOLDS)[task]
+        for index, seed in enumerate(args.seeds):
+            names = list(table)
+            names = names[index % len(names):] + names[:index % len(names)]
+            for name in names:
+                spec = {"task": task, "seed": seed, "contestant": name,
+                        "overrides": table[name], "thresholds": thresholds,
+                        "eval_every": args.eval_every, "episodes": args.episodes,
+                        "budget_s": args.budget_s, "max_steps": args.max_steps,
+                        "device": args.device}
+                load = harness.load_line()
+                proc = harness.run_child([sys.executable, __file__, "--child", json.dumps(spec)],
+                                         timeout_s=args.budget_s * 4 + 600)
+                result = {**spec, **harness.last_json(str(proc.pop("stdout"))), **proc,
+                          "load_before": load}
+                runs.append(result)
+                shown = ", ".join(f">= {t:g}: {_seconds(reach_s(result, t))}s"
+                                  for t in thresholds)
+                print(f"{task} seed {seed} {name:<10} {shown}  (best "
+                      f"{best_return(result):.0f}, {result['fps']:.0f} steps/s; {load})",
+                      flush=True)
+    return {"runs": runs}
+
+
+def reach_s(run: dict[str, Any], threshold: float) -> float:
+    hit = run["reached"].get(str(float(threshold)))
+    return hit["train_s"] if hit else math.inf
+
+
+def best_return(run: dict[str, Any]) -> float:
+    return max((e["return"] for e in run["evals"]), default=float("nan"))
+
+
+def summarize(data: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Medians over seeds per (task, contestant) and the ratios to the zoo and SB3."""
+    summary: dict[str, Any] = {}
+    for task in args.tasks:
+        runs = [r for r in data["runs"] if r["task"] == task]
+        thresholds = runs[0]["thresholds"]
+        names = list(dict.fromkeys(r["contestant"] for r in runs))
+        rows, medians = [], {}
+        for name in names:
+            mine = [r for r in runs if r["contestant"] == name]
+            times = [harness.median([reach_s(r, t) for r in mine]) for t in thresholds]
+            medians[name] = times
+            rows.append([name, len(mine), *[_seconds(t) for t in times],
+                         harness.median([best_return(r) for r in mine]),
+                         harness.median([r["evals"][-1]["return"] for r in mine]),
+                         harness.median([r["steps"] for r in mine]),
+                         harness.median([r["fps"] for r in mine]),
+                         harness.median([r["update_share"] for r in mine])])
+        harness.print_table(
+            f"Time to reward, {ENV_IDS[task]}: median training seconds over seeds "
+            f"(not reached within {args.budget_s:.0f} s: '>')",
+            ["config", "seeds", *[f">= {t:g}" for t in thresholds], "best return",
+             "last return", "steps", "steps/s", "update share"], rows)
+        ratios = {}
+        for base in ("zoo", "sb3"):
+            if "workbench" in medians and base in medians:
+                ratios[f"workbench/{base}"] = [
+                    w / b if math.isfinite(b) else float("nan")
+                    for w, b in zip(medians["workbench"], medians[base], strict=True)]
+                shown = ", ".join(f">= {t:g}: {_ratio(r)}" for t, r in
+                                  zip(thresholds, ratios[f"workbench/{base}"], strict=True))
+                print(f"  workbench / {base} time ratio: {shown}")
+        summary[task] = {"thresholds": thresholds, "median_s": medians, "ratios": ratios}
+    return summary
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f}" if math.isfinite(value) else ">"  # not reached within the budget
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.2f}" if math.isfinite(value) else "n/a (baseline not reached)"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="low threshold, short budget")
+    parser.add_argument("--tasks", nargs="+", choices=sorted(ENV_IDS))
+    parser.add_argument("--seeds", nargs="+", type=int)
+    parser.add_argument("--thresholds", nargs="+", type=float,
+                        help="override the task's thresholds (all tasks)")
+    parser.add_argument("--budget-s", type=float, help="training seconds per run at most")
+    parser.add_argument("--max-steps", type=int)
+    parser.add_argument("--eval-every", type=int, help="environment steps between evaluations")
+    parser.add_argument("--episodes", type=int, help="deterministic episodes per evaluation")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | auto (all contestants)")
+    parser.add_argument("--contestant", action="append", default=[],
+                        metavar="NAME=OVERRIDE,OVERRIDE",
+                        help="add a workbench configuration: env=<task> plus these overrides")
+    parser.add_argument("--only", nargs="+", help="run only these contestants")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    quick = args.quick
+    defaults = {"tasks": ["halfcheetah"] if quick else ["halfcheetah", "hopper"],
+                "seeds": [0] if quick else [0, 1, 2], "budget_s": 12.0 if quick else 900.0,
+                "max_steps": 30_000 if quick else 1_000_000,
+                "eval_every": 4096 if quick else 10_000, "episodes": 2 if quick else 5}
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    if args.child:
+        child(json.loads(args.child))
+        return {}
+    print(f"time to reward: tasks {args.tasks}, seeds {args.seeds}, budget {args.budget_s:.0f} "
+          f"training s per run, eval every {args.eval_every} steps x {args.episodes} episodes; "
+          f"{harness.load_line()}", flush=True)
+    data = measure(args)
+    data["summary"] = summarize(data, args)
+    data["args"] = vars(args)
+    path = harness.write_results("time_to_reward", data)
+    print(f"results: {path}  ({harness.load_line()})")
+    return data
+
+
+if __name__ == "__main__":
+    main()
