@@ -170,7 +170,10 @@ def summarize(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS))
+    parser.add_argument("--configs", nargs="+", help=f"of {sorted(CONFIGS)} and --config names")
+    parser.add_argument("--config", action="append", default=[],
+                        metavar="NAME=OVERRIDE,OVERRIDE",
+                        help="add a configuration: env=halfcheetah plus these overrides")
     parser.add_argument("--backends", nargs="+", choices=["dummy", "subproc", "envpool"])
     parser.add_argument("--steps", type=int)
     parser.add_argument("--reps", type=int)
@@ -180,7 +183,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.bare:
         bare_child(json.loads(args.bare), args.steps)
         return {}
+    from time_to_reward import split_overrides
     from workbench import envpool_vec
+
+    for item in args.config:
+        name, _, overrides = item.partition("=")
+        CONFIGS[name] = ["env=halfcheetah", *split_overrides(overrides)]
+    unknown = sorted(set(args.configs or []) - set(CONFIGS))
+    if unknown:
+        parser.error(f"unknown --configs {unknown}; choose from {sorted(CONFIGS)} or add --config")
 
     pool = ["envpool"] if envpool_vec.is_installed() else []
     args.configs = args.configs or (["default"] if args.quick else list(CONFIGS))
