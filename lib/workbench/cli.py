@@ -41,6 +41,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Run a sweep of notebooks/train.ipynb; exit 1 listing the points that did not finish."""
+    from workbench.sweep import run_sweep
+
+    result = run_sweep(args.overrides)
+    if result.failures:
+        listed = ", ".join(f"{o.point} ({o.error})" for o in result.failures)
+        print(f"workbench: {len(result.failures)} of {len(result.outcomes)} points did not "
+              f"finish: {listed}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     """Start the MLflow UI against the configured store, on 127.0.0.1."""
     from workbench import tracking
@@ -139,6 +152,8 @@ def key_value_arguments(
 
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "train": (cmd_train, "train one PPO run; prints its MLflow run id"),
+    "sweep": (cmd_sweep, "sweep notebooks/train.ipynb over sweep.num_envs x sweep.n_steps x "
+              "sweep.seeds with papermill"),
     "ui": (cmd_ui, "open the MLflow UI on the configured store (127.0.0.1)"),
     "server": (cmd_server, "team mode: shared MLflow server on PostgreSQL with basic auth: "
                "server start|stop|status"),

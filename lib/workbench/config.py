@@ -137,10 +137,18 @@ class ConsoleConfig:
 
 
 @dataclass
+class RayConfig:
+    """The Ray cluster that ``sweep.executor=ray`` submits points to."""
+
+    address: str | None = None  # HOST:PORT of the head; None: RAY_ADDRESS, else "auto"
+
+
+@dataclass
 class SweepConfig:
     """Grid for ``workbench sweep`` (see conf/sweep/)."""
 
     name: str = "default"
+    id: str | None = None  # None: <name>-<hash of points and overrides>; set to extend a sweep
     num_envs: list[int] = field(default_factory=lambda: [1, 2])
     n_steps: list[int] = field(default_factory=lambda: [128, 256])
     seeds: list[int] = field(default_factory=lambda: [0])
@@ -149,6 +157,7 @@ class SweepConfig:
     executor: str = "local"  # local | ray
     timeout: float | None = None  # seconds per point; None: no limit
     overrides: list[str] = field(default_factory=list)  # extra overrides for every point
+    ray: RayConfig = field(default_factory=RayConfig)  # with executor=ray
 
 
 @dataclass

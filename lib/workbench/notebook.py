@@ -1,0 +1,338 @@
+"""What ``notebooks/train.ipynb`` calls: parameter checks, live learning curves, the summary.
+
+The notebook stays thin (STYLE.md: thin notebooks): its first cell holds plain parameter
+values that papermill can override, and every other cell is one call into this module or
+into ``workbench.config`` / ``workbench.train``.
+
+Papermill injects overriding values as a new cell right after the ``parameters`` cell and
+only *warns* about names the notebook does not declare; it never checks types. The cell
+after the parameters therefore calls :func:`check_parameters`, which reads the parameter
+cells back from IPython's input history (``In``) and stops the notebook with one line naming
+the parameter, the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.logger import KVWriter
+
+from workbench import tracking
+from workbench.config import ConfigError
+
+if TYPE_CHECKING:
+    import pandas
+
+    from workbench.train import TrainResult
+
+# The notebook's parameters and their types (the parameters cell must declare exactly these;
+# tests/test_notebook.py checks the committed notebook against this table).
+PARAMETERS: dict[str, type] = {
+    "env": str,  # conf/env option, e.g. hopper
+    "num_envs": int,  # env.num_envs
+    "n_steps": int,  # algo.n_steps (rollout length per environment)
+    "total_timesteps": int,
+    "seed": int,
+    "overrides": list,  # any other Hydra override, e.g. ["env.normalize=true"]
+    "sweep_id": str,  # set by `workbench sweep`: the sweep this point belongs to
+    "parent_run_id": str,  # set by `workbench sweep`: the sweep's parent MLflow run
+    "point": str,  # set by `workbench sweep`: the point's name (= its run name)
+}
+# First line of the notebook's parameters cell, and of the cell papermill injects after it.
+PARAMETERS_CELL_MARKER = "# Notebook parameters"
+INJECTED_CELL_MARKER = "# Parameters"
+DEFAULT_NOTEBOOK = "notebooks/train.ipynb"
+
+# (logger key, panel title) of the live curves; field notes: watch these four.
+CURVES: tuple[tuple[str, str], ...] = (
+    ("rollout/ep_rew_mean", "episode reward (mean)"),
+    ("train/entropy", "policy entropy"),
+    ("train/clip_fraction", "clip fraction"),
+    ("train/approx_kl", "approx KL"),
+)
+EVAL_KEY = "eval/mean_reward"
+# Field notes: a clip fraction near or above 0.3 means each update moves the policy too far.
+CLIP_FRACTION_WARNING = 0.3
+
+
+class ParameterError(ConfigError):
+    """A notebook parameter of the wrong type, an unknown one, or a missing one."""
+
+
+@dataclass(frozen=True)
+class NotebookParameters:
+    """The checked parameter values of one notebook execution."""
+
+    env: str
+    num_envs: int
+    n_steps: int
+    total_timesteps: int
+    seed: int
+    overrides: list[str] = field(default_factory=list)
+    sweep_id: str = ""
+    parent_run_id: str = ""
+    point: str = ""
+
+    def config_overrides(self) -> list[str]:
+        """Hydra overrides for ``load_config``; ``overrides`` come last, so they win.
+
+        The tqdm bar is off by default here: the live curves show progress and a bar would
+        fill a papermill-executed notebook with carriage-return updates.
+        """
+        return [
+            "console.progress_bar=false",
+            f"env={self.env}",
+            f"env.num_envs={self.num_envs}",
+            f"algo.n_steps={self.n_steps}",
+            f"total_timesteps={self.total_timesteps}",
+            f"seed={self.seed}",
+            *self.overrides,
+        ]
+
+    def run_tags(self) -> dict[str, str]:
+        """The sweep's child-run tags when executed by ``workbench sweep`` (else none)."""
+        if not self.sweep_id:
+            return {}
+        return {"sweep_id": self.sweep_id, "sweep.role": "child", "sweep.point": self.point}
+
+    def run_info(self, notebook: str) -> dict[str, Any]:
+        """The manifest's ``run`` section: notebook path, papermill parameters, overrides."""
+        return {
+            "notebook": notebook,
+            "papermill_parameters": asdict(self),
+            "overrides": self.config_overrides(),
+        }
+
+
+def check_parameters(namespace: Mapping[str, Any], history: Sequence[str]) -> NotebookParameters:
+    """Check the parameter values in ``namespace`` (the notebook's ``globals()``).
+
+    ``history`` is IPython's ``In``: the parameters cell and the cell papermill injected after
+    it are read back from it to find names the notebook does not declare.
+    """
+    unknown = [name for name in assigned_parameter_names(history) if name not in PARAMETERS]
+    if unknown:
+        raise ParameterError(
+            f"unknown notebook parameter {unknown[0]!r}: valid parameters are "
+            f"{', '.join(PARAMETERS)}; pass any other setting as a Hydra override, e.g. "
+            f"-y \"overrides: ['{unknown[0]}=...']\""
+        )
+    values: dict[str, Any] = {}
+    for name, expected in PARAMETERS.items():
+        if name not in namespace:
+            raise ParameterError(
+                f"notebook parameter {name!r} is missing: define it in the parameters cell"
+            )
+        values[name] = check_type(name, namespace[name], expected)
+    return NotebookParameters(**values)
+
+
+def check_type(name: str, value: Any, expected: type) -> Any:
+    """``value`` if it has the parameter's type; raises :class:`ParameterError` otherwise."""
+    # bool is an int subclass, but num_envs=True is a mistake, not a number.
+    ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))
+    if ok and expected is list:
+        bad = [item for item in value if not isinstance(item, str)]
+        if bad:
+            raise ParameterError(
+                f"notebook parameter {name}={value!r}: every entry must be a string "
+                f"(a Hydra override like 'env.normalize=true'), got {bad[0]!r}"
+            )
+        return list(value)
+    if not ok:
+        example = {int: "-p num_envs 4", str: "-p env hopper",
+                   list: "-y \"overrides: ['env.normalize=true']\""}[expected]
+        raise ParameterError(
+            f"notebook parameter {name}={value!r}: expected {expected.__name__}, got "
+            f"{type(value).__name__} (papermill example: {example})"
+        )
+    return value
+
+
+def assigned_parameter_names(history: Sequence[str]) -> list[str]:
+    """Names assigned by the latest run of the parameters cell and papermill's injected cell."""
+    cells = list(history)
+    starts = [i for i, source in enumerate(cells) if source.startswith(PARAMETERS_CELL_MARKER)]
+    if not starts:
+        return []  # the parameters cell was never run in this kernel: nothing to compare
+    names: list[str] = []
+    for index, source in enumerate(cells[starts[-1]:]):
+        if index > 0 and not source.startswith(INJECTED_CELL_MARKER):
+            break
+        names.extend(n for n in top_level_names(source) if n not in names)
+    return names
+
+
+def top_level_names(source: str) -> list[str]:
+    """Names bound by top-level assignments in a cell's source."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    names: list[str] = []
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, ast.AnnAssign | ast.AugAssign) else [])
+        names.extend(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+def notebook_path(namespace: Mapping[str, Any]) -> str:
+    """Which notebook runs: set by ``workbench sweep`` (the executed copy), JupyterLab's
+    ``__session__``, or the project's ``notebooks/train.ipynb``."""
+    return (
+        os.environ.get("WORKBENCH_NOTEBOOK")
+        or str(namespace.get("__session__") or "")
+        or DEFAULT_NOTEBOOK
+    )
+
+
+# --------------------------------------------------------------------------- live curves
+
+
+class CurveHistory(KVWriter):
+    """SB3 logger output that keeps ``(step, value)`` per curve key.
+
+    SB3 records an update's ``train/*`` values one dump late; like ``MlflowWriter`` they are
+    dated back to the iteration they belong to, so the notebook and MLflow show the same curve.
+    """
+
+    def __init__(self, keys: Sequence[str], on_dump: Callable[[], None] | None = None) -> None:
+        self.points: dict[str, list[tuple[int, float]]] = {key: [] for key in keys}
+        self.on_dump = on_dump
+        self.previous_step: int | None = None
+
+    def write(
+        self,
+        key_values: dict[str, Any],
+        key_excluded: dict[str, tuple[str, ...]],
+        step: int = 0,
+    ) -> None:
+        own_keys = False
+        for key, value in tracking.numeric_items(key_values):
+            late = key.startswith(tracking.LATE_PREFIXES)
+            own_keys = own_keys or not late
+            if key in self.points:
+                at = self.previous_step if late and self.previous_step is not None else step
+                self.points[key].append((int(at), value))
+        if own_keys:
+            self.previous_step = step
+        if self.on_dump is not None:
+            self.on_dump()
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class LiveCurves(BaseCallback):
+    """Learning curves (reward, entropy, clip fraction, approx KL) that redraw while training.
+
+    In Jupyter the figure is one output updated in place through an IPython display handle
+    (at most every ``every_s`` seconds, and once at the end); a papermill-executed notebook
+    keeps the final figure. Outside IPython nothing is drawn, the history is still kept.
+    """
+
+    def __init__(self, every_s: float = 2.0) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self.history = CurveHistory([key for key, _ in CURVES] + [EVAL_KEY], self._maybe_draw)
+        self.handle: Any = None
+        self.last_draw = 0.0
+        self.total = 0
+
+    def _on_training_start(self) -> None:
+        # SB3's Logger keeps its writers in the public ``output_formats`` list.
+        self.logger.output_formats.append(self.history)
+        self.total = int(self.locals.get("total_timesteps", 0))
+        self.handle = display_handle()
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_training_end(self) -> None:
+        self.draw()
+        if self.history in self.logger.output_formats:
+            self.logger.output_formats.remove(self.history)
+
+    def _maybe_draw(self) -> None:
+        if time.monotonic() - self.last_draw >= self.every_s:
+            self.draw()
+
+    def draw(self) -> None:
+        """Render the curves and replace the displayed figure."""
+        self.last_draw = time.monotonic()
+        if self.handle is None:
+            return
+        from IPython.display import Image
+
+        self.handle.update(Image(data=render_curves(self.history.points, self.total)))
+
+
+def display_handle() -> Any:
+    """An IPython display handle for a placeholder output, or None outside IPython."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        return None
+    if get_ipython() is None:
+        return None
+    return display("learning curves appear after the first PPO iteration", display_id=True)
+
+
+def render_curves(points: Mapping[str, Sequence[tuple[int, float]]], total: int) -> bytes:
+    """The four curves as a PNG (matplotlib's object API: no pyplot state, no double display)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(11, 6), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(2, 2, sharex=True).ravel()
+    for ax, (key, title) in zip(axes, CURVES, strict=True):
+        steps, values = zip(*points.get(key, []), strict=True) if points.get(key) else ((), ())
+        ax.plot(steps, values, marker=".", label=key)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        if total:
+            ax.set_xlim(0, total)
+    evals = points.get(EVAL_KEY) or []
+    if evals:
+        steps, values = zip(*evals, strict=True)
+        axes[0].plot(steps, values, "o--", label="eval (deterministic)")
+        axes[0].legend(loc="lower right")
+    axes[2].axhline(CLIP_FRACTION_WARNING, color="tab:red", linestyle=":", linewidth=1)
+    for ax in axes[2:]:
+        ax.set_xlabel("environment steps")
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=80)
+    return buffer.getvalue()
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def summary_frame(result: TrainResult) -> pandas.DataFrame:
+    """The run's summary as a two-column table (rendered as HTML by Jupyter)."""
+    import pandas
+
+    rows = [
+        ("MLflow run id", result.run_id),
+        ("run name", result.run_name),
+        ("status", result.status),
+        ("steps", result.num_timesteps),
+        ("final eval reward (deterministic)",
+         f"{result.eval_mean_reward:.1f} +- {result.eval_std_reward:.1f}"),
+        ("fps", f"{result.fps:.0f}"),
+        ("wall time", f"{result.wall_time_s:.1f} s"),
+        ("peak RSS", f"{result.peak_rss_mb:.0f} MiB"),
+        ("artifacts", result.artifact_uri),
+        ("tracking", tracking.redact_uri(result.tracking_uri)),
+    ]
+    return pandas.DataFrame(rows, columns=["", "value"]).set_index("")

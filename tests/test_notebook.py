@@ -1,0 +1,224 @@
+"""notebooks/train.ipynb: committed clean, parameters checked in the cell after them, a real
+papermill execution (real kernel, MuJoCo, MLflow store) logs a complete run, and re-running
+all cells in the same kernel works."""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import nbformat
+import papermill
+import pytest
+from mlflow.tracking import MlflowClient
+from nbclient import NotebookClient
+from papermill.exceptions import PapermillExecutionError
+from papermill.iorw import load_notebook_node
+from papermill.parameterize import parameterize_notebook
+from workbench import notebook
+from workbench.notebook import CurveHistory, ParameterError, check_parameters
+
+from .conftest import ROOT, TINY
+
+NOTEBOOK = ROOT / "notebooks" / "train.ipynb"
+# TINY without the keys the notebook's own parameters set.
+PARAMETER_KEYS = ("env", "env.num_envs", "algo.n_steps", "total_timesteps", "seed")
+TINY_OVERRIDES = [o for o in TINY if o.split("=")[0] not in PARAMETER_KEYS]
+TINY_PARAMETERS = {"env": "halfcheetah", "num_envs": 2, "n_steps": 64, "total_timesteps": 384,
+                   "overrides": [*TINY_OVERRIDES, "tracking.system_metrics=false"]}
+
+
+def committed() -> nbformat.NotebookNode:
+    return nbformat.read(NOTEBOOK, as_version=4)
+
+
+def parameters_cell_source() -> str:
+    (cell,) = [c for c in committed().cells if "parameters" in c.metadata.get("tags", [])]
+    return cell.source
+
+
+def history(*cells: str) -> list[str]:
+    """IPython's ``In`` as the check cell sees it: '' first, the check cell itself last."""
+    return ["", *cells, "params = notebook.check_parameters(globals(), In)"]
+
+
+DEFAULTS = {"env": "hopper", "num_envs": 4, "n_steps": 512, "total_timesteps": 4096, "seed": 1,
+            "overrides": [], "sweep_id": "", "parent_run_id": "", "point": ""}
+
+
+# --------------------------------------------------------------------------- committed file
+
+
+def test_committed_notebook_is_clean_and_papermill_ready() -> None:
+    nb = committed()
+    assert nb.metadata["kernelspec"]["name"] == "workbench"  # registered by `make setup`
+    assert nb.metadata["kernelspec"]["language"] == "python"
+    assert nb.metadata["language_info"]["name"] == "python"
+    assert nb.cells[0].metadata["tags"] == ["parameters"]
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [], cell.source[:40]
+            assert cell.execution_count is None, cell.source[:40]
+
+
+def test_parameters_cell_declares_exactly_the_checked_parameters() -> None:
+    source = parameters_cell_source()
+    assert source.startswith(notebook.PARAMETERS_CELL_MARKER)
+    declared = {}
+    for node in ast.parse(source).body:
+        assert isinstance(node, ast.AnnAssign), ast.unparse(node)  # plain values only
+        declared[node.target.id] = (node.annotation.id, ast.literal_eval(node.value))
+    assert {name: t for name, (t, _) in declared.items()} == {
+        name: t.__name__ for name, t in notebook.PARAMETERS.items()}
+    namespace = {name: value for name, (_, value) in declared.items()}
+    assert check_parameters(namespace, history(source)).env == namespace["env"]
+
+
+def test_papermill_infers_the_parameters_with_types() -> None:
+    inferred = papermill.inspect_notebook(str(NOTEBOOK))
+    assert {k: v["inferred_type_name"] for k, v in inferred.items()} == {
+        name: t.__name__ for name, t in notebook.PARAMETERS.items()}
+
+
+# --------------------------------------------------------------------------- checks (unit)
+
+
+def test_injected_values_pass_and_map_to_overrides() -> None:
+    params = check_parameters(
+        {**DEFAULTS, "overrides": ["env.normalize=true"]},
+        history("# Notebook parameters\nenv: str = 'x'", '# Parameters\nenv = "hopper"\n'),
+    )
+    assert params.config_overrides() == [
+        "console.progress_bar=false", "env=hopper", "env.num_envs=4", "algo.n_steps=512",
+        "total_timesteps=4096", "seed=1", "env.normalize=true"]
+    assert params.run_tags() == {}
+
+
+def test_sweep_parameters_give_the_child_tags() -> None:
+    params = check_parameters({**DEFAULTS, "sweep_id": "s-1", "parent_run_id": "p",
+                               "point": "hopper-ne4-ns512-s1"}, history())
+    assert params.run_tags() == {"sweep_id": "s-1", "sweep.role": "child",
+                                 "sweep.point": "hopper-ne4-ns512-s1"}
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("num_envs", "four",
+     "notebook parameter num_envs='four': expected int, got str (papermill example: "
+     "-p num_envs 4)"),
+    ("num_envs", True, "notebook parameter num_envs=True: expected int, got bool"),
+    ("total_timesteps", 1e5, "notebook parameter total_timesteps=100000.0: expected int, got "
+     "float"),
+    ("env", 3, "notebook parameter env=3: expected str, got int"),
+    ("overrides", "env.normalize=true",
+     "notebook parameter overrides='env.normalize=true': expected list, got str"),
+    ("overrides", ["seed=1", 2], "notebook parameter overrides=['seed=1', 2]: every entry must "
+     "be a string"),
+])
+def test_wrong_types_fail_with_one_line(name: str, value: object, message: str) -> None:
+    with pytest.raises(ParameterError) as info:
+        check_parameters({**DEFAULTS, name: value}, history())
+    assert str(info.value).startswith(message)
+    assert "\n" not in str(info.value)
+
+
+def test_unknown_injected_name_fails() -> None:
+    cells = history("# Notebook parameters\nenv: str = 'x'", "# Parameters\nnum_env = 8\n")
+    with pytest.raises(ParameterError, match=r"^unknown notebook parameter 'num_env': valid "
+                                             r"parameters are env, num_envs, n_steps"):
+        check_parameters({**DEFAULTS, "num_env": 8}, cells)
+
+
+def test_only_the_latest_parameter_cells_count() -> None:
+    # Interactive re-runs: an earlier injected cell and later cells binding other names
+    # (``cfg``, ``result``) are not parameters.
+    cells = history("# Notebook parameters\nenv: str = 'x'", "# Parameters\nbogus = 1\n",
+                    "cfg = load_config([])", "# Notebook parameters\nenv: str = 'x'")
+    assert notebook.assigned_parameter_names(cells) == ["env"]
+    check_parameters(DEFAULTS, cells)
+
+
+def test_missing_parameter_fails() -> None:
+    namespace = {k: v for k, v in DEFAULTS.items() if k != "seed"}
+    with pytest.raises(ParameterError, match="^notebook parameter 'seed' is missing"):
+        check_parameters(namespace, history())
+
+
+def test_curve_history_dates_train_values_like_mlflow() -> None:
+    history_writer = CurveHistory(["rollout/ep_rew_mean", "train/approx_kl"])
+    history_writer.write({"rollout/ep_rew_mean": 1.0, "time/fps": 5}, {}, step=128)
+    history_writer.write({"rollout/ep_rew_mean": 2.0, "train/approx_kl": 0.01}, {}, step=256)
+    history_writer.write({"train/approx_kl": 0.02}, {}, step=256)  # closing dump
+    assert history_writer.points == {
+        "rollout/ep_rew_mean": [(128, 1.0), (256, 2.0)],
+        "train/approx_kl": [(128, 0.01), (256, 0.02)],
+    }
+
+
+def test_render_curves_gives_a_png() -> None:
+    png = notebook.render_curves({"train/entropy": [(1, 0.5), (2, 0.4)]}, total=4)
+    assert png.startswith(b"\x89PNG")
+
+
+# --------------------------------------------------------------------------- real execution
+
+
+def test_papermill_execution_logs_a_complete_run(store: Path, tmp_path: Path) -> None:
+    output = tmp_path / "out.ipynb"
+    papermill.execute_notebook(str(NOTEBOOK), str(output), parameters=TINY_PARAMETERS,
+                               progress_bar=False, cwd=str(NOTEBOOK.parent))
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    (run,) = client.search_runs([client.get_experiment_by_name("workbench").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "halfcheetah-ne2-ns64-s0"
+    assert run.data.params["env.num_envs"] == "2"
+    assert run.data.params["algo.n_steps"] == "64"
+    assert run.data.params["console.progress_bar"] == "False"
+    assert "sweep_id" not in run.data.tags
+    # 384 steps / 128 per rollout: 3 iterations.
+    for key in ("rollout/ep_rew_mean", "train/entropy", "train/clip_fraction", "train/approx_kl"):
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+        assert steps == [128, 256, 384], key
+    assert {"summary/eval_mean_reward", "summary/fps"} <= set(run.data.metrics)
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"config.yaml", "model"}
+
+    nb = nbformat.read(output, as_version=4)
+    outputs = {cell.id: cell.outputs for cell in nb.cells if cell.cell_type == "code"}
+    live = [o for o in outputs["train"] if o.output_type == "display_data"]
+    assert len(live) == 1 and "image/png" in live[0].data  # one figure, updated in place
+    summary = outputs["summary"]
+    assert summary[0].text == f"MLflow run id: {run.info.run_id}\n"
+    assert run.info.run_id in summary[1].data["text/html"]
+
+
+def test_wrong_type_and_unknown_name_stop_in_the_check_cell(store: Path,
+                                                            tmp_path: Path) -> None:
+    output = tmp_path / "bad.ipynb"
+    with pytest.raises(PapermillExecutionError) as info:
+        papermill.execute_notebook(str(NOTEBOOK), str(output),
+                                   parameters={"num_envs": "four"}, progress_bar=False)
+    assert info.value.ename == "ParameterError"
+    assert info.value.evalue.startswith("notebook parameter num_envs='four': expected int")
+    nb = nbformat.read(output, as_version=4)
+    failed = [c for c in nb.cells if c.get("metadata", {}).get("papermill", {}).get("exception")]
+    assert [c.id for c in failed] == ["check-parameters"]
+
+    with pytest.raises(PapermillExecutionError) as info:
+        papermill.execute_notebook(str(NOTEBOOK), str(output),
+                                   parameters={"num_env": 8}, progress_bar=False)
+    assert info.value.evalue.startswith("unknown notebook parameter 'num_env'")
+    assert not (store / "mlflow.db").exists()  # nothing was written to the store
+
+
+def test_rerunning_all_cells_in_the_same_kernel(store: Path) -> None:
+    nb = parameterize_notebook(load_notebook_node(str(NOTEBOOK)),
+                               {**TINY_PARAMETERS, "total_timesteps": 128})
+    client = NotebookClient(nb, kernel_name="workbench", timeout=600,
+                            resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+    with client.setup_kernel():
+        for _ in range(2):
+            for index, cell in enumerate(nb.cells):
+                client.execute_cell(cell, index)
+    tracking = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    runs = tracking.search_runs([tracking.get_experiment_by_name("workbench").experiment_id])
+    assert [r.info.status for r in runs] == ["FINISHED", "FINISHED"]

@@ -1,0 +1,274 @@
+"""Sweeps: grid and plan (unit), then real sweeps through the CLI: papermill kernels, MuJoCo,
+a temporary SQLite MLflow store, parallel points, resume, and failure isolation."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+from workbench import sweep
+from workbench.config import ConfigError, SweepConfig, load_config
+from workbench.train import default_run_name
+
+from .conftest import ROOT, TINY, run_cli
+
+# TINY without the keys the grid sets; no system-metrics thread in each kernel.
+GRID_SET = ("env.num_envs", "algo.n_steps")
+POINT_TINY = [o for o in TINY if o.split("=")[0] not in GRID_SET] + [
+    "tracking.system_metrics=false"]
+CORES_2 = {"WORKBENCH_CPU_BUDGET": "2"}  # the same budget on any CI machine
+
+
+def runs_of(role: str) -> list[Run]:
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("workbench")
+    return client.search_runs([experiment.experiment_id], f"tags.`sweep.role` = '{role}'")
+
+
+# --------------------------------------------------------------------------- grid and plan
+
+
+def test_grid_is_the_product_in_order_without_duplicates() -> None:
+    grid = SweepConfig(num_envs=[1, 2], n_steps=[128, 256, 128], seeds=[0, 1])
+    names = [p.name for p in sweep.expand_grid(grid, "hopper")]
+    assert names == [
+        "hopper-ne1-ns128-s0", "hopper-ne1-ns128-s1", "hopper-ne1-ns256-s0",
+        "hopper-ne1-ns256-s1", "hopper-ne2-ns128-s0", "hopper-ne2-ns128-s1",
+        "hopper-ne2-ns256-s0", "hopper-ne2-ns256-s1",
+    ]
+
+
+def test_iso_batch_keeps_samples_per_update_constant() -> None:
+    grid = SweepConfig(num_envs=[1, 2, 4, 8], n_steps=[999], seeds=[0], iso_batch=2048)
+    points = sweep.expand_grid(grid, "ant")
+    assert [(p.num_envs, p.n_steps) for p in points] == [(1, 2048), (2, 1024), (4, 512),
+                                                         (8, 256)]
+    with pytest.raises(ConfigError, match=r"^sweep.iso_batch=2048 is not a multiple of "
+                                          r"num_envs=3"):
+        sweep.expand_grid(SweepConfig(num_envs=[3], iso_batch=2048), "ant")
+
+
+def test_point_name_is_the_run_name_train_gives() -> None:
+    cfg = load_config(["env=walker2d", "env.num_envs=8", "algo.n_steps=256", "seed=3"])
+    assert sweep.point_name("walker2d", 8, 256, 3) == default_run_name(cfg)
+
+
+def test_plan_id_is_stable_and_follows_points_and_overrides() -> None:
+    base = ["sweep.num_envs=[1,2]", "sweep.n_steps=[64]", *POINT_TINY]
+    plan = sweep.plan_sweep(base)
+    assert plan.sweep_id == sweep.plan_sweep([*base, "sweep.workers=1"]).sweep_id
+    assert plan.sweep_id.startswith("default-") and len(plan.sweep_id) == len("default-") + 8
+    assert plan.sweep_id != sweep.plan_sweep([*base, "algo.n_epochs=3"]).sweep_id
+    assert sweep.plan_sweep([*base, "sweep.id=mine"]).sweep_id == "mine"
+    assert plan.point_overrides == POINT_TINY  # sweep.* settings are not passed to points
+    assert plan.grid_params()["sweep.num_envs"] == [1, 2]
+
+
+def test_grid_keys_cannot_be_overridden_for_the_whole_sweep() -> None:
+    with pytest.raises(ConfigError) as info:
+        sweep.plan_sweep(["env.num_envs=4"])
+    assert str(info.value) == ("'env.num_envs=4' on the command line: env.num_envs is set per "
+                               "point by the sweep; use sweep.num_envs instead, e.g. "
+                               "sweep.num_envs=[4]")
+    with pytest.raises(ConfigError, match="in sweep.overrides: seed is set per point"):
+        sweep.plan_sweep(["sweep.overrides=['seed=3']"])
+
+
+def test_plan_reports_invalid_points_and_refuses_an_all_invalid_grid() -> None:
+    plan = sweep.plan_sweep(["sweep.num_envs=[1,2]", "sweep.n_steps=[64]", *POINT_TINY,
+                             "algo.batch_size=128"])
+    assert list(plan.invalid) == ["halfcheetah-ne1-ns64-s0"]
+    assert plan.invalid["halfcheetah-ne1-ns64-s0"].startswith("algo.batch_size=128 is larger")
+    with pytest.raises(ConfigError, match="^every point of the sweep is invalid"):
+        sweep.plan_sweep(["sweep.num_envs=[1]", "sweep.n_steps=[64]", "algo.batch_size=128"])
+
+
+def test_workers_never_oversubscribe_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKBENCH_CPU_BUDGET", "2")
+    four = sweep.LocalExecutor(workers=4)
+    assert (four.workers, four.cpus_per_point) == (2, 1)
+    monkeypatch.setenv("WORKBENCH_CPU_BUDGET", "8")
+    two = sweep.LocalExecutor(workers=2)
+    assert (two.workers, two.cpus_per_point) == (2, 4)
+
+
+def test_point_environment_sets_the_budget_and_drops_mlflow_run_id(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLFLOW_RUN_ID", "the-parent")
+    plan = sweep.plan_sweep(["sweep.num_envs=[2]", "sweep.n_steps=[64]", *POINT_TINY])
+    (spec,) = sweep.point_specs(plan, plan.points, "parent", "0", cpus_per_point=3)
+    env = sweep.point_environment(spec)
+    assert "MLFLOW_RUN_ID" not in env
+    assert (env["WORKBENCH_CPU_BUDGET"], env["OMP_NUM_THREADS"]) == ("3", "3")
+    assert spec.parameters["parent_run_id"] == "parent"
+    assert spec.parameters["point"] == "halfcheetah-ne2-ns64-s0"
+
+
+def test_results_table() -> None:
+    table = sweep.results_table([
+        sweep.PointOutcome("hopper-ne1-ns64-s0", "FINISHED", final_reward=12.345, fps=321.4,
+                           wall_s=20.2),
+        sweep.PointOutcome("hopper-ne2-ns64-s0", "FAILED", error="boom"),
+    ])
+    assert table.splitlines() == [
+        "point               status    final reward  fps  wall time",
+        "----------------------------------------------------------",
+        "hopper-ne1-ns64-s0  FINISHED          12.3  321       20 s",
+        "hopper-ne2-ns64-s0  FAILED               -    -          -",
+    ]
+
+
+def test_cli_bad_sweep_input_exits_2_before_writing(store: Path) -> None:
+    proc = run_cli("sweep", "sweep.num_envs=[]")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "workbench: error: sweep.num_envs=[]: the grid needs at least one value, "
+        "e.g. sweep.num_envs=[1,2,4]"]
+    assert not store.exists()
+
+
+# --------------------------------------------------------------------------- real sweeps
+
+
+def test_two_by_two_sweep_with_two_workers_then_resume(store: Path) -> None:
+    args = ["sweep", "sweep.num_envs=[1,2]", "sweep.n_steps=[64,128]", "sweep.workers=2",
+            *POINT_TINY]
+    proc = run_cli(*args, env=CORES_2, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    (parent,) = runs_of("parent")
+    sweep_id = parent.data.tags["sweep_id"]
+    assert parent.info.status == "FINISHED"
+    assert parent.data.params["sweep.num_envs"] == "[1, 2]"
+    assert parent.data.params["sweep.n_steps"] == "[64, 128]"
+    children = runs_of("child")
+    names = sorted(r.info.run_name for r in children)
+    assert names == ["halfcheetah-ne1-ns128-s0", "halfcheetah-ne1-ns64-s0",
+                     "halfcheetah-ne2-ns128-s0", "halfcheetah-ne2-ns64-s0"]
+    for run in children:
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["sweep_id"] == sweep_id
+        assert run.data.tags["sweep.point"] == run.info.run_name
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.data.params["derived.torch_threads"] == "1"  # 2 cores / 2 workers
+    out_dir = store / "sweeps" / sweep_id
+    assert sorted(p.name for p in out_dir.glob("*.ipynb")) == [f"{n}.ipynb" for n in names]
+    executed = nbformat.read(out_dir / "halfcheetah-ne2-ns64-s0.ipynb", as_version=4)
+    assert executed.metadata["papermill"]["parameters"]["parent_run_id"] == parent.info.run_id
+    for path in [*out_dir.glob("*.ipynb"), *out_dir.glob("*.log")]:
+        assert "database is locked" not in path.read_text(), path
+    with sqlite3.connect(store / "mlflow.db") as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    assert "halfcheetah-ne2-ns128-s0  FINISHED" in proc.stdout  # the result table
+
+    again = run_cli(*args, env=CORES_2, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert ": 0 points (4 FINISHED earlier, skipped)" in again.stdout
+    assert len(runs_of("child")) == 4
+    assert [r.info.run_id for r in runs_of("parent")] == [parent.info.run_id]
+
+
+def test_a_point_with_a_bad_parameter_fails_alone(store: Path) -> None:
+    # One point's rollout (1 env x 64 steps) is smaller than the batch size: that point's
+    # notebook fails at composition; the other point trains.
+    args = ["sweep", "sweep.num_envs=[1,2]", "sweep.n_steps=[64]", *POINT_TINY,
+            "algo.batch_size=128"]
+    proc = run_cli(*args, env=CORES_2, timeout=900)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "warning: point halfcheetah-ne1-ns64-s0 will fail: algo.batch_size=128" in proc.stdout
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("workbench: 1 of 2 points did not finish: halfcheetah-ne1-ns64-s0 "
+                           "(ConfigError: algo.batch_size=128 is larger than one rollout")
+
+    runs = {r.info.run_name: r for r in runs_of("child")}
+    assert runs["halfcheetah-ne2-ns64-s0"].info.status == "FINISHED"
+    bad = runs["halfcheetah-ne1-ns64-s0"]
+    assert bad.info.status == "FAILED"
+    assert bad.data.tags["error"].startswith("ConfigError: algo.batch_size=128 is larger")
+    assert bad.data.tags["mlflow.parentRunId"] == runs_of("parent")[0].info.run_id
+    (parent,) = runs_of("parent")
+    assert parent.info.status == "FAILED"
+    notebook = nbformat.read(store / "sweeps" / parent.data.tags["sweep_id"]
+                             / "halfcheetah-ne1-ns64-s0.ipynb", as_version=4)
+    failed = [c.id for c in notebook.cells
+              if c.get("metadata", {}).get("papermill", {}).get("exception")]
+    assert failed == ["compose"]
+    assert "An Exception was encountered" in notebook.cells[0].source  # papermill's banner
+
+    # Resume: the FINISHED point is skipped, the failed one is tried again.
+    again = run_cli(*args, env=CORES_2, timeout=600)
+    assert again.returncode == 1
+    names = sorted(r.info.run_name for r in runs_of("child"))
+    assert names == ["halfcheetah-ne1-ns64-s0", "halfcheetah-ne1-ns64-s0",
+                     "halfcheetah-ne2-ns64-s0"]
+
+
+def kernels_of(pid: int) -> list[psutil.Process]:
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    return [p for p in children if "ipykernel_launcher" in " ".join(p.cmdline())]
+
+
+@pytest.mark.slow
+def test_timeout_marks_the_point_failed_and_stops_its_kernel(store: Path) -> None:
+    args = ["sweep", "sweep.num_envs=[1]", "sweep.n_steps=[64]", "sweep.timeout=20",
+            *POINT_TINY, "total_timesteps=10000000"]
+    proc = run_cli(*args, env=CORES_2, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    (run,) = runs_of("child")
+    assert run.info.status == "FAILED"
+    assert run.data.tags["error"] == (
+        "timed out after 20 s (sweep.timeout); the kernel was stopped")
+    sweep_id = runs_of("parent")[0].data.tags["sweep_id"]
+    notebook = nbformat.read(store / "sweeps" / sweep_id / f"{run.info.run_name}.ipynb",
+                             as_version=4)
+    assert "An Exception was encountered" in notebook.cells[0].source
+
+
+@pytest.mark.slow
+def test_dead_kernel_fails_its_point_and_closes_its_run(store: Path) -> None:
+    args = ["sweep", "sweep.num_envs=[1]", "sweep.n_steps=[64]", *POINT_TINY,
+            "total_timesteps=10000000"]
+    proc = psutil.Popen([sys.executable, "-m", "workbench", *args], cwd=ROOT,
+                        env={**os.environ, **CORES_2}, stdout=-1, stderr=-1, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not running_child():
+            time.sleep(1)
+        assert running_child(), "the point never started training"
+        for kernel in kernels_of(proc.pid):
+            kernel.kill()  # SIGKILL: no chance for train() to mark its run
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    (run,) = runs_of("child")
+    assert run.info.status == "FAILED"  # not left RUNNING
+    assert run.data.tags["error"].startswith("DeadKernelError: Kernel died")
+    sweep_id = runs_of("parent")[0].data.tags["sweep_id"]
+    notebook = nbformat.read(store / "sweeps" / sweep_id / f"{run.info.run_name}.ipynb",
+                             as_version=4)
+    failed = [c.id for c in notebook.cells
+              if c.get("metadata", {}).get("papermill", {}).get("exception")]
+    assert failed == ["train"]
+    assert kernels_of(proc.pid) == []
+
+
+def running_child() -> bool:
+    if "MLFLOW_TRACKING_URI" not in os.environ:
+        return False
+    try:
+        return any(r.info.status == "RUNNING" for r in runs_of("child"))
+    except Exception:  # the store or experiment does not exist yet
+        return False
