@@ -15,7 +15,7 @@ ARGS ?=
 .PHONY: setup demo test test-slow test-all lint typecheck ui lab bench clean help server server-stop report
 
 help:
-	@echo "make demo       set up and run the demo training on the embedded MLflow store"
+	@echo "make demo       set up and run the demo sweep (2x2 grid) on the embedded MLflow store"
 	@echo "make test       set up and run the fast test suite"
 	@echo "make test-slow  the slow tests (CI runs them too)"
 	@echo "make ui         MLflow UI on http://127.0.0.1:5000"
@@ -29,12 +29,12 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints/cpu.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "installing workbench into $(VENV) (torch: $(TORCH) build)..."
-	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[dev,team]' 2> >(grep -v "^WARNING: Location" >&2)
+	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[dev,team,ray]' 2> >(grep -v "^WARNING: Location" >&2)
 	$(PY) -m ipykernel install --sys-prefix --name workbench --display-name "Python (workbench)" >/dev/null
 	@touch $@
 
 demo: setup
-	$(PY) -m workbench train experiment=demo $(ARGS)
+	$(PY) -m workbench sweep experiment=demo sweep=demo $(ARGS)
 	@echo "Open the results: make ui  ->  http://127.0.0.1:5000"
 
 test: setup

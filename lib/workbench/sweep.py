@@ -35,6 +35,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import sqlite3
 import sys
 import threading
@@ -92,7 +93,7 @@ def expand_grid(sweep: SweepConfig, env: str) -> list[Point]:
     rollout) and ``sweep.n_steps`` is not used.
     """
     for key, example in (("num_envs", "[1,2,4]"), ("n_steps", "[128,256]"), ("seeds", "[0]")):
-        if not getattr(sweep, key):
+        if not getattr(sweep, key) and not (key == "n_steps" and sweep.iso_batch is not None):
             raise ConfigError(f"sweep.{key}=[]: the grid needs at least one value, "
                               f"e.g. sweep.{key}={example}")
     points: list[Point] = []
@@ -791,6 +792,7 @@ class RayExecutor:
         import ray
 
         self.address = address or os.environ.get("RAY_ADDRESS") or "auto"
+        check_reachable(self.address)
         try:
             ray.init(address=self.address, log_to_driver=False, logging_level=logging.ERROR)
         except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -859,6 +861,20 @@ class RayExecutor:
         import ray
 
         ray.shutdown()
+
+
+def check_reachable(address: str) -> None:
+    """Fail fast on a ``HOST:PORT`` nobody listens on (``ray.init`` would retry forever)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto" and other forms: Ray resolves and reports them itself
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"sweep.ray.address={address}: cannot connect to a Ray cluster ({exc}); start "
+            "one with `ray start --head` or set sweep.ray.address=HOST:PORT of its head"
+        ) from exc
 
 
 def make_executor(plan: SweepPlan) -> Executor:
