@@ -107,6 +107,6 @@ def test_unreachable_cluster_is_bad_input(store: Path) -> None:
                    timeout=300)
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith(f"workbench: error: sweep.ray.address=127.0.0.1:")
+    assert line.startswith("workbench: error: sweep.ray.address=127.0.0.1:")
     assert "cannot connect to a Ray cluster" in line
     assert not store.exists()
