@@ -210,6 +210,7 @@ def test_wrong_type_and_unknown_name_stop_in_the_check_cell(store: Path,
     assert not (store / "mlflow.db").exists()  # nothing was written to the store
 
 
+@pytest.mark.slow
 def test_rerunning_all_cells_in_the_same_kernel(store: Path) -> None:
     nb = parameterize_notebook(load_notebook_node(str(NOTEBOOK)),
                                {**TINY_PARAMETERS, "total_timesteps": 128})
