@@ -5,6 +5,7 @@ all cells in the same kernel works."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 from pathlib import Path
 
@@ -93,6 +94,9 @@ def test_injected_values_pass_and_map_to_overrides() -> None:
         "console.progress_bar=false", "env=hopper", "env.num_envs=4", "algo.n_steps=512",
         "total_timesteps=4096", "seed=1", "env.normalize=true"]
     assert params.run_tags() == {}
+    assert params.run_info("notebooks/train.ipynb") == {
+        "notebook": "notebooks/train.ipynb", "papermill_parameters": {"env": "hopper"},
+        "overrides": params.config_overrides()}
 
 
 def test_sweep_parameters_give_the_child_tags() -> None:
@@ -134,8 +138,8 @@ def test_only_the_latest_parameter_cells_count() -> None:
     # (``cfg``, ``result``) are not parameters.
     cells = history("# Notebook parameters\nenv: str = 'x'", "# Parameters\nbogus = 1\n",
                     "cfg = load_config([])", "# Notebook parameters\nenv: str = 'x'")
-    assert notebook.assigned_parameter_names(cells) == ["env"]
-    check_parameters(DEFAULTS, cells)
+    assert notebook.parameter_cell_names(cells) == (["env"], [])
+    assert check_parameters(DEFAULTS, cells).run_info("nb.ipynb")["papermill_parameters"] is None
 
 
 def test_missing_parameter_fails() -> None:
@@ -180,7 +184,15 @@ def test_papermill_execution_logs_a_complete_run(store: Path, tmp_path: Path) ->
         steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
         assert steps == [128, 256, 384], key
     assert {"summary/eval_mean_reward", "summary/fps"} <= set(run.data.metrics)
-    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"config.yaml", "model"}
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {
+        "config.yaml", "model", "manifest.json"}
+    manifest = json.loads(Path(client.download_artifacts(
+        run.info.run_id, "manifest.json", str(tmp_path))).read_text())
+    assert manifest["run"]["started_by"] == "papermill"
+    assert manifest["run"]["notebook"] == "notebooks/train.ipynb"
+    assert manifest["run"]["papermill_parameters"] == TINY_PARAMETERS
+    assert manifest["run"]["overrides"][:3] == [
+        "console.progress_bar=false", "env=halfcheetah", "env.num_envs=2"]
 
     nb = nbformat.read(output, as_version=4)
     outputs = {cell.id: cell.outputs for cell in nb.cells if cell.cell_type == "code"}

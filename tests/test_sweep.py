@@ -3,6 +3,7 @@ a temporary SQLite MLflow store, parallel points, resume, and failure isolation.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import sys
@@ -163,6 +164,12 @@ def test_two_by_two_sweep_with_two_workers_then_resume(store: Path) -> None:
     assert sorted(p.name for p in out_dir.glob("*.ipynb")) == [f"{n}.ipynb" for n in names]
     executed = nbformat.read(out_dir / "halfcheetah-ne2-ns64-s0.ipynb", as_version=4)
     assert executed.metadata["papermill"]["parameters"]["parent_run_id"] == parent.info.run_id
+    run = next(r for r in children if r.info.run_name == "halfcheetah-ne2-ns64-s0")
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    manifest = json.loads(Path(client.download_artifacts(
+        run.info.run_id, "manifest.json", str(store.parent))).read_text())
+    assert manifest["run"]["notebook"] == str(out_dir / "halfcheetah-ne2-ns64-s0.ipynb")
+    assert manifest["run"]["papermill_parameters"]["point"] == "halfcheetah-ne2-ns64-s0"
     for path in [*out_dir.glob("*.ipynb"), *out_dir.glob("*.log")]:
         assert "database is locked" not in path.read_text(), path
     with sqlite3.connect(store / "mlflow.db") as db:

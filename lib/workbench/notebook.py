@@ -18,7 +18,7 @@ import io
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stable_baselines3.common.callbacks import BaseCallback
@@ -79,6 +79,7 @@ class NotebookParameters:
     sweep_id: str = ""
     parent_run_id: str = ""
     point: str = ""
+    injected: tuple[str, ...] = field(default=(), compare=False)  # names papermill set
 
     def config_overrides(self) -> list[str]:
         """Hydra overrides for ``load_config``; ``overrides`` come last, so they win.
@@ -103,10 +104,12 @@ class NotebookParameters:
         return {"sweep_id": self.sweep_id, "sweep.role": "child", "sweep.point": self.point}
 
     def run_info(self, notebook: str) -> dict[str, Any]:
-        """The manifest's ``run`` section: notebook path, papermill parameters, overrides."""
+        """The manifest's ``run`` section: notebook path, the parameters papermill injected
+        (None when the notebook runs interactively), the Hydra overrides."""
+        injected = {name: getattr(self, name) for name in self.injected} or None
         return {
             "notebook": notebook,
-            "papermill_parameters": asdict(self),
+            "papermill_parameters": injected,
             "overrides": self.config_overrides(),
         }
 
@@ -117,7 +120,8 @@ def check_parameters(namespace: Mapping[str, Any], history: Sequence[str]) -> No
     ``history`` is IPython's ``In``: the parameters cell and the cell papermill injected after
     it are read back from it to find names the notebook does not declare.
     """
-    unknown = [name for name in assigned_parameter_names(history) if name not in PARAMETERS]
+    declared, injected = parameter_cell_names(history)
+    unknown = [name for name in [*declared, *injected] if name not in PARAMETERS]
     if unknown:
         raise ParameterError(
             f"unknown notebook parameter {unknown[0]!r}: valid parameters are "
@@ -131,7 +135,7 @@ def check_parameters(namespace: Mapping[str, Any], history: Sequence[str]) -> No
                 f"notebook parameter {name!r} is missing: define it in the parameters cell"
             )
         values[name] = check_type(name, namespace[name], expected)
-    return NotebookParameters(**values)
+    return NotebookParameters(**values, injected=tuple(injected))
 
 
 def check_type(name: str, value: Any, expected: type) -> Any:
@@ -156,18 +160,20 @@ def check_type(name: str, value: Any, expected: type) -> Any:
     return value
 
 
-def assigned_parameter_names(history: Sequence[str]) -> list[str]:
-    """Names assigned by the latest run of the parameters cell and papermill's injected cell."""
+def parameter_cell_names(history: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Names assigned by the latest run of the parameters cell, and by the cell papermill
+    injected right after it (empty when the notebook runs interactively)."""
     cells = list(history)
     starts = [i for i, source in enumerate(cells) if source.startswith(PARAMETERS_CELL_MARKER)]
     if not starts:
-        return []  # the parameters cell was never run in this kernel: nothing to compare
-    names: list[str] = []
-    for index, source in enumerate(cells[starts[-1]:]):
-        if index > 0 and not source.startswith(INJECTED_CELL_MARKER):
+        return [], []  # the parameters cell was never run in this kernel: nothing to compare
+    declared = top_level_names(cells[starts[-1]])
+    injected: list[str] = []
+    for source in cells[starts[-1] + 1:]:
+        if not source.startswith(INJECTED_CELL_MARKER):
             break
-        names.extend(n for n in top_level_names(source) if n not in names)
-    return names
+        injected.extend(n for n in top_level_names(source) if n not in injected)
+    return declared, injected
 
 
 def top_level_names(source: str) -> list[str]:
