@@ -11,6 +11,8 @@ TORCH ?= $(if $(shell command -v nvidia-smi 2>/dev/null),cuda,cpu)
 CONSTRAINTS := $(if $(filter cpu,$(TORCH)),-c constraints/cpu.txt,)
 STAMP := $(VENV)/.installed-$(TORCH)
 ARGS ?=
+# Jupyter refuses to run as root without this flag (containers, CI machines run as root).
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: setup demo test test-slow test-all lint typecheck ui lab bench clean help server server-stop report
 
@@ -58,7 +60,7 @@ report: setup
 	$(PY) -m workbench report $(ARGS)
 
 lab: setup
-	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --no-browser notebooks/
+	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --no-browser $(ALLOW_ROOT) notebooks/ $(ARGS)
 
 server: setup
 	$(PY) -m workbench server start $(ARGS)

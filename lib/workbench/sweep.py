@@ -581,6 +581,8 @@ def execute_point(spec: PointSpec, output: Path, kernel: PointKernel | None = No
 def run_papermill(spec: PointSpec, output: Path, kernel: PointKernel) -> str | None:
     """One papermill execution; returns the error line, or None when every cell ran."""
     import papermill
+    from jupyter_client.kernelspec import NoSuchKernel
+    from nbclient.exceptions import DeadKernelError
     from papermill.exceptions import PapermillExecutionError
 
     source = paths.project_root() / NOTEBOOK
@@ -595,7 +597,10 @@ def run_papermill(spec: PointSpec, output: Path, kernel: PointKernel) -> str | N
         return f"{exc.ename}: {first_line(exc.evalue)}"
     except Exception as exc:  # the kernel died (or never started): mark the cell it was in
         message = f"{type(exc).__name__}: {first_line(str(exc))}"
-        if kernel.stop_reason is None:
+        if isinstance(exc, NoSuchKernel):
+            message += " (register it: make setup, or python -m ipykernel install --sys-prefix "\
+                       "--name workbench)"
+        elif isinstance(exc, DeadKernelError) and kernel.stop_reason is None:
             message += " (the kernel process died: out of memory, a crash, or a kill)"
         mark_failing_cell(output, type(exc).__name__, message)
         return message
