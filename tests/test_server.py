@@ -193,6 +193,42 @@ def test_concurrent_trainings_log_complete_runs(team_server: TeamServer) -> None
 
 
 @pytest.mark.slow
+def test_two_point_sweep_with_two_workers_logs_complete_runs(team_server: TeamServer) -> None:
+    """`workbench sweep` against the server: a parent and two children, all complete."""
+    experiment = "team-sweep"
+    point_tiny = [o for o in TINY if o.split("=")[0] not in ("env.num_envs", "algo.n_steps")]
+    done = team_server.cli(
+        "sweep", "sweep.num_envs=[1,2]", "sweep.n_steps=[64]", "sweep.workers=2", *point_tiny,
+        "tracking=server", f"tracking.uri={team_server.url}", f"tracking.experiment={experiment}",
+        extra_env={"WORKBENCH_CPU_BUDGET": "2"}, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    with logged_in(ALICE, team_server.alice_password):
+        client = MlflowClient(team_server.url)
+        exp = client.get_experiment_by_name(experiment)
+        assert exp is not None
+        runs = client.search_runs([exp.experiment_id])
+        (parent,) = [r for r in runs if r.data.tags.get("sweep.role") == "parent"]
+        children = [r for r in runs if r.data.tags.get("sweep.role") == "child"]
+        assert parent.info.status == "FINISHED"
+        assert sorted(r.info.run_name for r in children) == [
+            "halfcheetah-ne1-ns64-s0", "halfcheetah-ne2-ns64-s0"]
+        for run in children:
+            assert run.info.status == "FINISHED"
+            assert run.data.tags["sweep_id"] == parent.data.tags["sweep_id"]
+            assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+            rollout = int(run.data.params["derived.rollout_size"])  # 64 or 128
+            history = client.get_metric_history(run.info.run_id, "rollout/ep_rew_mean")
+            assert [m.step for m in history] == list(range(rollout, 384 + 1, rollout))
+            assert "summary/eval_mean_reward" in run.data.metrics
+            assert {f.path for f in client.list_artifacts(run.info.run_id, "model")} >= {
+                "model/config.yaml", "model/model.zip"}
+    rows = psql(team_server, "mlflow", "SELECT run_uuid FROM runs WHERE experiment_id = "
+                f"{int(exp.experiment_id)}")
+    assert sorted(rows) == sorted(r.info.run_id for r in runs)  # 3 rows: no duplicates
+
+
+@pytest.mark.slow
 def test_no_credential_reaches_a_file_row_param_tag_or_output(team_server: TeamServer) -> None:
     """Runs last in this module: everything the team tests produced so far is searched."""
     secrets_ = [team_server.admin_password, team_server.alice_password]
@@ -205,6 +241,7 @@ def test_no_credential_reaches_a_file_row_param_tag_or_output(team_server: TeamS
     files = [p for p in team_server.root.rglob("*") if p.is_file()]
     names = {p.name for p in files}
     assert {"mlflow.log", "postgres.log", "model.zip", "basic_auth.ini"} <= names
+    assert any(p.suffix == ".ipynb" for p in files)  # the sweep's executed notebooks
     for path in files:
         data = path.read_bytes()
         for secret in secrets_:
