@@ -37,7 +37,8 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 
 demo: setup
 	$(PY) -m workbench sweep experiment=demo sweep=demo $(ARGS)
-	@echo "Open the results: make ui  ->  http://127.0.0.1:5000"
+	$(PY) -m workbench report $(filter tracking.%,$(ARGS))
+	@echo "Open the results: the report above (index.html, from disk), or make ui  ->  http://127.0.0.1:5000"
 
 test: setup
 	$(PY) -m pytest $(ARGS)

@@ -1,29 +1,29 @@
-"""Runs for the report tests, made once per test session and shared by the report modules.
+"""A real small sweep for the report tests, made once per test session and shared.
 
-``real_sweep`` trains a small real grid through ``workbench.train.train`` (tiny budgets, real
-MuJoCo and MLflow) tagged the way sweeps tag their runs (DESIGN.md "Sweep tags"): a parent
-run ``sweep.role=parent`` and one child per point and seed.
+``real_sweep`` runs ``workbench sweep`` (papermill executions of notebooks/train.ipynb, real
+MuJoCo and MLflow, tiny budgets) over num_envs {1, 2} x n_steps {64, 128}, then extends the
+same sweep with a second seed at one point, so the report has an iso-batch pair ((1, 128)
+and (2, 64): 128 samples per update) and a point with mean ± std over seeds.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from workbench import tracking
-from workbench.config import load_config
-from workbench.train import train
 
-from .conftest import TINY
+from .conftest import TINY, run_cli
 
 SWEEP_ID = "tiny-grid"
-# num_envs x n_steps with one iso-batch pair ((1, 128) and (2, 64): 128 samples per update),
-# two seeds at one point so the report shows mean ± std over seeds.
-POINTS = [(1, 64, 0), (1, 128, 0), (2, 64, 0), (2, 64, 1), (2, 128, 0)]
+GRID = ["sweep.num_envs=[1,2]", "sweep.n_steps=[64,128]", "sweep.seeds=[0]"]
+EXTRA_SEED = ["sweep.num_envs=[2]", "sweep.n_steps=[64]", "sweep.seeds=[1]"]
+# TINY without the keys the grid sets; system metrics stay on (the bottleneck table uses them).
+POINT_TINY = [o for o in TINY if o.split("=")[0] not in ("env.num_envs", "algo.n_steps")]
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Sweep:
     uri: str
     sweep_id: str
     parent_id: str
-    child_ids: tuple[str, ...]
+    child_ids: tuple[str, ...]  # oldest first
 
     def env(self) -> dict[str, str]:
         return {"MLFLOW_TRACKING_URI": self.uri, "WORKBENCH_EXPERIMENTS": str(self.experiments)}
@@ -42,29 +42,35 @@ class Sweep:
 
 @functools.cache
 def real_sweep(root: Path) -> Sweep:
-    """Train the grid once per session into a store under ``root``."""
+    """Run the sweep once per session into a store under ``root``."""
+    from workbench.sweep import run_sweep
+
     experiments = root / "report-sweep" / "experiments"
     uri = f"sqlite:///{experiments / 'mlflow.db'}"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLFLOW_TRACKING_URI", uri)
         mp.setenv("WORKBENCH_EXPERIMENTS", str(experiments))
-        client = MlflowClient(uri)
-        # The experiment train() uses, artifacts under experiments/mlartifacts like every run.
-        experiment_id = tracking.ensure_experiment(client, "workbench", uri)
-        parent = client.create_run(experiment_id, run_name=f"sweep-{SWEEP_ID}", tags={
-            "sweep_id": SWEEP_ID, "sweep.role": "parent",
-            "mlflow.note.content": "tiny grid for the report tests",
-        })
-        children = []
-        for num_envs, n_steps, seed in POINTS:
-            cfg = load_config([*TINY, f"env.num_envs={num_envs}", f"algo.n_steps={n_steps}",
-                               f"seed={seed}", "console.iteration_lines=false"])
-            name = f"halfcheetah-ne{num_envs}-ns{n_steps}-s{seed}"
-            result = train(cfg, parent_run_id=parent.info.run_id, tags={
-                "sweep_id": SWEEP_ID, "sweep.role": "child", "sweep.point": name})
-            children.append(result.run_id)
-        client.set_terminated(parent.info.run_id, "FINISHED")
-    return Sweep(experiments, uri, SWEEP_ID, parent.info.run_id, tuple(children))
+        mp.setenv("WORKBENCH_CPU_BUDGET", "2")  # 2 points at a time, 1 core each, anywhere
+        for grid in (GRID, EXTRA_SEED):
+            result = run_sweep([f"sweep.id={SWEEP_ID}", *grid, "sweep.workers=2", *POINT_TINY])
+            assert not result.failures, result.failures
+    client = MlflowClient(uri)
+    children = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()],
+        f"tags.sweep_id = '{SWEEP_ID}' and tags.`sweep.role` = 'child'",
+        order_by=["attributes.start_time ASC"])
+    return Sweep(experiments, uri, SWEEP_ID, result.parent_run_id,
+                 tuple(r.info.run_id for r in children))
+
+
+@functools.cache
+def written_report(root: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``workbench report sweep=tiny-grid`` run once (a real subprocess): its result and the
+    folder it writes. Tests read it; none writes into it."""
+    sweep = real_sweep(root)
+    out = root / "report-sweep" / "reports"
+    proc = run_cli("report", f"sweep={sweep.sweep_id}", "--out", str(out), env=sweep.env())
+    return proc, out / f"sweep-{sweep.sweep_id}"
 
 
 def sweep_fixture(tmp_path_factory: pytest.TempPathFactory) -> Sweep:

@@ -25,7 +25,7 @@ from workbench.config import ConfigError
 from workbench.report import Selection
 
 from . import reportdata
-from .conftest import ROOT, run_cli
+from .conftest import ROOT
 
 FIGURES = ["grid_heatmaps.png", "reward_curves.png", "time_split.png", "update_signals.png"]
 
@@ -38,11 +38,11 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> reportdata.Sweep:
 # --------------------------------------------------------------------------- a real sweep
 
 
-def test_report_of_a_real_sweep_writes_every_file(sweep: reportdata.Sweep, tmp_path: Path
+def test_report_of_a_real_sweep_writes_every_file(sweep: reportdata.Sweep,
+                                                  tmp_path_factory: pytest.TempPathFactory
                                                   ) -> None:
-    proc = run_cli("report", f"sweep={sweep.sweep_id}", "--out", str(tmp_path), env=sweep.env())
+    proc, folder = reportdata.written_report(tmp_path_factory.getbasetemp())
     assert proc.returncode == 0, proc.stderr
-    folder = tmp_path / f"sweep-{sweep.sweep_id}"
     assert proc.stdout.strip().splitlines()[-1] == str(folder / "index.html")
     assert sorted(p.name for p in folder.iterdir()) == sorted(
         [*FIGURES, "index.html", "report.md"])
@@ -77,9 +77,12 @@ def test_report_of_a_real_sweep_writes_every_file(sweep: reportdata.Sweep, tmp_p
 
 def test_report_content_of_a_real_sweep(sweep: reportdata.Sweep) -> None:
     client = reportdata.client_for(sweep)
-    rep = report.build_report(client, Selection(sweep_id=sweep.sweep_id), store=sweep.uri)
+    rep = report.build_report(client, Selection(sweep_id=sweep.sweep_id), store=sweep.uri,
+                              with_figures=False)  # the figures: the test above
     assert [r.run_id for r in rep.runs] == list(sweep.child_ids)  # oldest first, no parent
-    assert rep.description == "tiny grid for the report tests"
+    assert rep.description == (  # the sweep's grid, from its parent run's params
+        "Sweep tiny-grid on halfcheetah: num_envs [1, 2] × n_steps [64, 128] × seeds [0], "
+        "384 steps per point; parent run FINISHED.")
     assert sorted(p.label for p in rep.points) == [
         "halfcheetah-ne1-ns128", "halfcheetah-ne1-ns64", "halfcheetah-ne2-ns128",
         "halfcheetah-ne2-ns64"]
@@ -91,8 +94,6 @@ def test_report_content_of_a_real_sweep(sweep: reportdata.Sweep) -> None:
     ranked = [p.reward_mean for p in rep.points]
     assert ranked == sorted(ranked, reverse=True)
     assert set(report.grid_cells(rep.points)) == {(1, 64), (1, 128), (2, 64), (2, 128)}
-    assert [f.filename for f in rep.figures] == [
-        "reward_curves.png", "update_signals.png", "grid_heatmaps.png", "time_split.png"]
     for run in rep.runs:
         b = rep.bottlenecks[run.run_id]
         assert b.rollout_s > 0 and b.update_s > 0 and 0 < b.rollout_share < 1
@@ -113,19 +114,19 @@ def test_report_content_of_a_real_sweep(sweep: reportdata.Sweep) -> None:
 
 def synthetic_run(client: MlflowClient, experiment_id: str, name: str, start: int,
                   tags: dict[str, str] | None = None, reward: float | None = None,
-                  status: str = "FINISHED") -> str:
-    """A run with a name, start time, tags and optionally a final evaluation reward."""
+                  status: str = "FINISHED", end: int | None = None) -> str:
+    """A run with a name, start and end time, tags and optionally a final evaluation reward."""
     run = client.create_run(experiment_id, start_time=start, run_name=name, tags=tags or {})
     if reward is not None:
         client.log_batch(run.info.run_id, metrics=[
             Metric("summary/eval_mean_reward", reward, start, 100)])
-    client.set_terminated(run.info.run_id, status)
+    client.set_terminated(run.info.run_id, status, end_time=end or start + 10)
     return run.info.run_id
 
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """Two sweeps in two experiments plus a plain run, with known start times."""
+    """Three sweeps in two experiments plus a plain run, with known start and end times."""
     root = tmp_path_factory.mktemp("selection")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     client = MlflowClient(uri)
@@ -148,6 +149,11 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
                                                                                   "parent"))
     ids["new_a"] = synthetic_run(client, beta, "q-ne1-ns8-s0", 2001,
                                  sweep_tags("s-new", "child", "q-ne1-ns8-s0"))
+    # Started first but resumed last: its parent ended after every other run.
+    ids["resumed_parent"] = synthetic_run(client, beta, "sweep-resumed", 500,
+                                          sweep_tags("s-resumed", "parent"), end=9000)
+    ids["resumed_a"] = synthetic_run(client, beta, "r-ne1-ns8-s0", 501,
+                                     sweep_tags("s-resumed", "child", "r-ne1-ns8-s0"), end=8000)
     return ids
 
 
@@ -158,8 +164,12 @@ def picked(synthetic: dict[str, object], selection: Selection) -> tuple[str | No
     return chosen.sweep_id, [names[r.info.run_id] for r in runs]
 
 
-def test_no_selector_picks_the_latest_sweep(synthetic: dict[str, object]) -> None:
-    assert picked(synthetic, Selection()) == ("s-new", ["new_a"])
+def test_no_selector_picks_the_most_recently_active_sweep(synthetic: dict[str, object]
+                                                         ) -> None:
+    assert picked(synthetic, Selection()) == ("s-resumed", ["resumed_a"])
+    client = MlflowClient(str(synthetic["uri"]))
+    ids = report.all_experiment_ids(client)
+    assert report.known_sweeps(client, ids) == ["s-resumed", "s-new", "s-old"]
 
 
 @pytest.mark.parametrize("selection, expected", [
@@ -193,7 +203,8 @@ def test_parse_selectors_splits_config_overrides() -> None:
 
 @pytest.mark.parametrize("selection, message", [
     (Selection(sweep_id="nope"),
-     "sweep=nope: no runs with tag sweep_id=nope in {uri}; sweeps (latest first): s-new, s-old"),
+     "sweep=nope: no runs with tag sweep_id=nope in {uri}; sweeps (latest first): s-resumed, "
+     "s-new, s-old"),
     (Selection(experiment="gamma"),
      "experiment=gamma: no such experiment in {uri}; experiments: Default, alpha, beta"),
     (Selection(run_ids=("0123abcd",)), "runs=0123abcd: no such run in {uri}"),
@@ -212,10 +223,22 @@ def test_nothing_selected_is_one_clear_line(synthetic: dict[str, object], select
 # --------------------------------------------------------------------------- ranking
 
 
-def test_a_diverged_run_never_ranks_first(tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    exp = client.create_experiment("rank", artifact_location=(tmp_path / "a").as_uri())
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> tuple[MlflowClient, str, Path]:
+    """One store for the synthetic-run tests below (each makes its own experiment)."""
+    root = tmp_path_factory.mktemp("scratch")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    return MlflowClient(uri), uri, root
+
+
+def experiment(scratch: tuple[MlflowClient, str, Path], name: str) -> str:
+    client, _, root = scratch
+    return client.create_experiment(name, artifact_location=(root / name).as_uri())
+
+
+def test_a_diverged_run_never_ranks_first(scratch: tuple[MlflowClient, str, Path]) -> None:
+    client, uri, _ = scratch
+    exp = experiment(scratch, "rank")
 
     def run(name: str, num_envs: int, reward: float, status: str = "FINISHED") -> str:
         return synthetic_run(client, exp, name, 1000 + num_envs, {
@@ -236,10 +259,9 @@ def test_a_diverged_run_never_ranks_first(tmp_path: Path) -> None:
     assert [row[7] for row in ranking.rows] == ["FINISHED", "FAILED", "FINISHED"]
 
 
-def test_each_task_gets_its_own_heatmaps(tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    exp = client.create_experiment("tasks", artifact_location=(tmp_path / "a").as_uri())
+def test_each_task_gets_its_own_heatmaps(scratch: tuple[MlflowClient, str, Path]) -> None:
+    client, uri, _ = scratch
+    exp = experiment(scratch, "tasks")
     ids = [synthetic_run(client, exp, f"{env}-{ne}", 1000 + i, {
         "env": env, "num_envs": str(ne), "n_steps": "8"}, reward=float(i))
         for i, (env, ne) in enumerate([("hopper", 1), ("hopper", 2), ("walker 2d", 1)])]
@@ -276,12 +298,12 @@ def manifest(torch: str = "2.13.0", host: str = "box") -> dict[str, object]:
      {"packages.torch": {"2.13.0": ["r0"], "2.12.0": ["r1"]},
       "run.hostname": {"box": ["r0"], "other": ["r1"]}}, None),
 ])
-def test_manifest_facts_that_differ(tmp_path: Path, manifests: list[dict[str, object] | None],
+def test_manifest_facts_that_differ(scratch: tuple[MlflowClient, str, Path],
+                                    manifests: list[dict[str, object] | None],
                                     differing: dict[str, dict[str, list[str]]],
                                     shared_text: str | None) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    exp = client.create_experiment("env", artifact_location=(tmp_path / "a").as_uri())
+    client, uri, _ = scratch
+    exp = experiment(scratch, f"env-{len(differing)}")
     ids = []
     for i, content in enumerate(manifests):
         run_id = synthetic_run(client, exp, f"r{i}", 1000 + i, reward=1.0)

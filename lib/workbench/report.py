@@ -159,20 +159,31 @@ def tag_filter(tags: Mapping[str, str]) -> list[str]:
     return [f"tags.`{k}` = '{v}'" for k, v in tags.items()]
 
 
+def sweep_parents(client: MlflowClient, experiment_ids: Sequence[str]) -> list[Run]:
+    """Sweep parent runs, most recently active first.
+
+    Activity is the later of start and end: a sweep resumed today (its parent is set RUNNING
+    again and re-terminated) counts as today's, so ``make demo`` reports the sweep it just ran.
+    """
+    parents = search_all(client, experiment_ids, f"tags.`{SWEEP_ROLE}` = 'parent'")
+    parents = [r for r in parents if r.data.tags.get(SWEEP_ID)]
+    return sorted(parents, key=lambda r: max(r.info.start_time or 0, r.info.end_time or 0),
+                  reverse=True)
+
+
 def latest_sweep_id(client: MlflowClient, experiment_ids: Sequence[str]) -> str | None:
-    """The sweep_id of the most recently started sweep (parent run, else any sweep run)."""
-    for clause in (f"tags.`{SWEEP_ROLE}` = 'parent'", f"tags.`{SWEEP_ID}` LIKE '%'"):
-        runs = search_all(client, experiment_ids, clause, ["attributes.start_time DESC"], 1)
-        if runs:
-            return runs[0].data.tags[SWEEP_ID]
-    return None
+    """The sweep_id of the most recently active sweep (parent run, else any sweep run)."""
+    parents = sweep_parents(client, experiment_ids)
+    if parents:
+        return parents[0].data.tags[SWEEP_ID]
+    runs = search_all(client, experiment_ids, f"tags.`{SWEEP_ID}` LIKE '%'",
+                      ["attributes.start_time DESC"], 1)
+    return runs[0].data.tags[SWEEP_ID] if runs else None
 
 
 def known_sweeps(client: MlflowClient, experiment_ids: Sequence[str], n: int = 5) -> list[str]:
-    """Up to ``n`` sweep ids, latest first (for error messages)."""
-    runs = search_all(client, experiment_ids, f"tags.`{SWEEP_ROLE}` = 'parent'",
-                      ["attributes.start_time DESC"], n)
-    return [r.data.tags[SWEEP_ID] for r in runs if SWEEP_ID in r.data.tags]
+    """Up to ``n`` sweep ids, most recently active first (for error messages)."""
+    return [r.data.tags[SWEEP_ID] for r in sweep_parents(client, experiment_ids)[:n]]
 
 
 def find_runs(client: MlflowClient, selection: Selection, store: str
@@ -475,6 +486,23 @@ def base_label(run: RunRecord) -> str:
     return re.sub(r"-s\d+$", "", run.tags.get(SWEEP_POINT) or run.name)
 
 
+def sweep_description(parent: Run) -> str:
+    """The parent run's description, else its grid in words (from the sweep's params)."""
+    note = parent.data.tags.get("mlflow.note.content")
+    if note:
+        return note
+    params = parent.data.params
+    grid = " × ".join(f"{key} {params[f'sweep.{key}']}" for key in ("num_envs", "n_steps", "seeds")
+                      if f"sweep.{key}" in params)
+    if not grid:
+        return ""
+    budget = params.get("sweep.total_timesteps")
+    steps = f", {budget} steps per point" if budget else ""
+    env = params.get("sweep.env") or parent.data.tags.get("env", "")
+    return (f"Sweep {parent.data.tags.get(SWEEP_ID, '')} on {env}: {grid}{steps}; parent run "
+            f"{parent.info.status}.")
+
+
 def build_report(
     client: MlflowClient,
     selection: Selection = Selection(),  # noqa: B008  (frozen, so a shared default is safe)
@@ -500,7 +528,7 @@ def build_report(
     name = name or selection.default_name()
     if not NAME_PATTERN.match(name):
         raise ConfigError(f"name={name!r}: use letters, digits, '.', '_' and '-' only")
-    description = parent.data.tags.get("mlflow.note.content", "") if parent else ""
+    description = sweep_description(parent) if parent else ""
     return Report(
         name=name,
         title=f"Report: {selection.describe()}",
