@@ -420,11 +420,15 @@ def test_ui_serves_runs_with_descriptions_and_sweep_tags(sweep: reportdata.Sweep
             headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=30) as answer:
             runs = json.loads(answer.read())["runs"]
-        assert len(runs) == len(sweep.child_ids) + 1
-        for run in runs:
-            tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
-            assert tags["mlflow.note.content"]
-            assert tags["sweep_id"] == sweep.sweep_id
+        tags = {run["info"]["run_id"]: {t["key"]: t["value"] for t in run["data"]["tags"]}
+                for run in runs}
+        assert set(tags) == {sweep.parent_id, *sweep.child_ids}
+        assert tags[sweep.parent_id]["sweep.role"] == "parent"
+        for run_id in sweep.child_ids:  # what the compare view groups and shows
+            assert tags[run_id]["mlflow.parentRunId"] == sweep.parent_id
+            assert tags[run_id]["mlflow.note.content"].startswith("PPO on HalfCheetah-v5: ")
+            for key in ("sweep_id", "num_envs", "n_steps", "seed"):
+                assert tags[run_id][key], key
         with urllib.request.urlopen(f"{base}/", timeout=30) as answer:
             assert b"<html" in answer.read().lower()
     finally:
