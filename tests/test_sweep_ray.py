@@ -5,6 +5,7 @@ when the test fails."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -102,6 +103,7 @@ def ray_head() -> Iterator[str]:
                 head.stop()
         for head in heads:
             assert processes_of(head.temp_dir) == []
+            shutil.rmtree(head.temp_dir, ignore_errors=True)
 
 
 @pytest.mark.slow

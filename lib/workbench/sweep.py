@@ -170,7 +170,8 @@ def plan_sweep(overrides: Sequence[str]) -> SweepPlan:
     typed = compose_typed(overrides)
     sweep = typed.sweep
     check_grid_keys(sweep.overrides, "in sweep.overrides")
-    point_overrides = [o for o in overrides if not is_sweep_override(o)] + list(sweep.overrides)
+    # The preset's overrides first: the command line wins over a conf/sweep/ file.
+    point_overrides = list(sweep.overrides) + [o for o in overrides if not is_sweep_override(o)]
     if sweep.overrides:
         typed = compose_typed(point_overrides)  # what the points compose, checked once here
     check_sweep_settings(sweep)
