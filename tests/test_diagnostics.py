@@ -77,8 +77,8 @@ FIRING = {
         {"iterations": 5.0, "peak": 0.45, "first_step": 6000.0},
     ),
     "approx_kl": (
-        with_values(train__approx_kl=put({8: 0.12})),
-        {"iterations": 1.0, "max": 0.12, "max_step": 8000.0},
+        with_values(train__approx_kl=put({8: 0.12, 12: 0.06, 15: 0.07})),
+        {"iterations": 3.0, "max": 0.12, "max_step": 8000.0},
     ),
     "entropy_collapse": (
         with_values(train__std=lambda _: list(STD_COLLAPSE),
@@ -102,7 +102,8 @@ FIRING = {
 SILENT = {
     "healthy": healthy(),
     "clip_fraction_two_iterations": with_values(train__clip_fraction=put({6: 0.45, 7: 0.45})),
-    "approx_kl_at_threshold": with_values(train__approx_kl=put({8: 0.05})),
+    "approx_kl_at_threshold": with_values(train__approx_kl=put({8: 0.05, 9: 0.05, 10: 0.05})),
+    "approx_kl_two_spikes": with_values(train__approx_kl=put({8: 0.12, 12: 0.06})),
     "entropy_falls_late": with_values(train__std=lambda v: v[:10] + [0.1] * 10),
     "reward_rises_6_percent": with_values(rollout__ep_rew_mean=lambda v: [100.0] * 10
                                           + [106.0] * 10),
@@ -164,7 +165,7 @@ def test_inf_survives_the_sql_store_and_fires(logged: dict[str, report.RunRecord
 def test_evidence_names_the_numbers(logged: dict[str, report.RunRecord]) -> None:
     run = logged["approx_kl"]
     (found,) = diagnose(run.metrics, run.budget, Thresholds())
-    assert found.evidence == "approx_kl > 0.05 in 1 of 20 iterations, max 0.120 at step 8000"
+    assert found.evidence == "approx_kl > 0.05 in 3 of 20 iterations, max 0.120 at step 8000"
     (clip,) = diagnose(logged["clip_fraction"].metrics, BUDGET, Thresholds())
     assert clip.evidence == ("clip_fraction > 0.3 for 5 consecutive iterations "
                              "(steps 6000-10000), peak 0.450")

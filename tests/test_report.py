@@ -248,15 +248,21 @@ def test_a_diverged_run_never_ranks_first(scratch: tuple[MlflowClient, str, Path
     client.log_batch(diverged, metrics=[Metric("train/value_loss", math.nan, 0, 50)])
     failed = run("failed", 2, 500.0, status="FAILED")
     good = run("good", 3, 100.0)
-    rep = report.build_report(client, Selection(run_ids=(diverged, failed, good)), store=uri,
-                              with_figures=False)
+    slow, fast = run("slow", 4, 100.0), run("fast", 5, 100.0)  # a tie, broken by wall time
+    client.log_batch(slow, metrics=[Metric("summary/wall_time_s", 90.0, 0, 100)])
+    client.log_batch(fast, metrics=[Metric("summary/wall_time_s", 30.0, 0, 100)])
+    rep = report.build_report(client, Selection(run_ids=(diverged, failed, good, slow, fast)),
+                              store=uri, with_figures=False)
     assert [(p.label, p.diverged, p.finished) for p in rep.points] == [
+        ("toy-ne5-ns8", False, True), ("toy-ne4-ns8", False, True),
         ("toy-ne3-ns8", False, True), ("toy-ne2-ns8", False, False),
         ("toy-ne1-ns8", True, True)]
     ranking = next(b for b in report.report_blocks(rep) if b.kind == "table")
     assert [row[1] for row in ranking.rows] == [
-        "toy-ne3-ns8", "toy-ne2-ns8", "toy-ne1-ns8 (diverged)"]
-    assert [row[7] for row in ranking.rows] == ["FINISHED", "FAILED", "FINISHED"]
+        "toy-ne5-ns8", "toy-ne4-ns8", "toy-ne3-ns8", "toy-ne2-ns8", "toy-ne1-ns8 (diverged)"]
+    assert [row[3] for row in ranking.rows] == ["100.0", "100.0", "100.0", "500.0", "900.0"]
+    assert [row[7] for row in ranking.rows] == [
+        "FINISHED", "FINISHED", "FINISHED", "FAILED", "FINISHED"]
 
 
 def test_each_task_gets_its_own_heatmaps(scratch: tuple[MlflowClient, str, Path]) -> None:

@@ -42,7 +42,8 @@ class Thresholds:
     clip_fraction_max: float = threshold(0.3, "clip_fraction above this ...")
     clip_fraction_iterations: int = threshold(3, "... for this many consecutive iterations fires")
     approx_kl_max: float = threshold(0.05, "approx KL above this ...")
-    approx_kl_iterations: int = threshold(1, "... in this many iterations fires")
+    # One spike is common in healthy runs; repeated ones mean the updates are too large.
+    approx_kl_iterations: int = threshold(3, "... in this many iterations fires")
     entropy_early_fraction: float = threshold(
         0.25, "'early' for entropy collapse: within this fraction of the budget")
     entropy_collapse_ratio: float = threshold(

@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import hashlib
 import html
 import json
 import math
+import os
 import re
 import shutil
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
@@ -334,11 +336,26 @@ def stored_value(value: float) -> float:
     return math.copysign(math.inf, value) if abs(value) >= sys.float_info.max else value
 
 
+@contextlib.contextmanager
+def quiet_downloads() -> Iterator[None]:
+    """No MLflow progress bar per downloaded manifest (one per run is noise in a report);
+    an explicit MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR setting is respected."""
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    if key in os.environ:
+        yield
+        return
+    os.environ[key] = "false"
+    try:
+        yield
+    finally:
+        os.environ.pop(key, None)
+
+
 def load_manifest(client: MlflowClient, run_id: str) -> dict[str, Any] | None:
     """The run's ``manifest.json``, or None when it has none (older runs) or it is unreadable."""
     if MANIFEST_FILE not in {a.path for a in client.list_artifacts(run_id)}:
         return None
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, quiet_downloads():
         try:
             local = client.download_artifacts(run_id, MANIFEST_FILE, tmp)
             loaded = json.loads(Path(local).read_text())
@@ -404,11 +421,12 @@ class Point:
         return ", ".join(f"{s}" if n == 1 and len(self.runs) == 1 else f"{n} {s}"
                          for s, n in sorted(counts.items()))
 
-    def rank_key(self) -> tuple[bool, bool, float, str]:
-        """Diverged points last, then unfinished ones, then by mean reward (best first)."""
-        reward = self.reward_mean
+    def rank_key(self) -> tuple[bool, bool, float, float, str]:
+        """Diverged points last, then unfinished ones, then by mean reward (best first);
+        equal rewards (a solved task) by wall time, fastest first."""
+        reward, wall = self.reward_mean, self.mean("summary/wall_time_s")
         return (self.diverged, not self.finished, -reward if not math.isnan(reward) else math.inf,
-                self.label)
+                wall if not math.isnan(wall) else math.inf, self.label)
 
 
 @dataclass(frozen=True)
@@ -769,8 +787,9 @@ def ranking_blocks(report: Report) -> list[Block]:
     return [
         Block("h2", "Ranking"),
         Block("p", "Ranked by final deterministic evaluation reward (mean over seeds, ± std "
-                   "over seeds). Points with NaN/inf in any metric rank below all others, "
-                   "then points with runs that did not finish."),
+                   "over seeds); equal rewards by wall time, fastest first. Points with NaN/inf "
+                   "in any metric rank below all others, then points with runs that did not "
+                   "finish."),
         Block("table", headers=("#", "point", "seeds", "final eval reward", "fps (steps/s)",
                                 "wall time (s)", "peak memory (MiB)", "status", "runs"),
               rows=tuple(rows)),
@@ -786,7 +805,8 @@ def diagnostic_blocks(report: Report) -> list[Block]:
     blocks = [
         Block("h2", "Diagnostics"),
         Block("p", f"Thresholds: clip_fraction > {t.clip_fraction_max:g} for "
-                   f"{t.clip_fraction_iterations} iterations; approx KL > {t.approx_kl_max:g}; "
+                   f"{t.clip_fraction_iterations} iterations; approx KL > {t.approx_kl_max:g} in "
+                   f"{t.approx_kl_iterations} iterations; "
                    f"entropy (policy std) below {t.entropy_collapse_ratio:g} × its start within "
                    f"{t.entropy_early_fraction:.0%} of the budget; reward change below "
                    f"{t.reward_flat_min_change:.0%} after {t.reward_flat_after_fraction:.0%} "
