@@ -44,6 +44,12 @@ class IterationCallback(BaseCallback):
         self.rollout_started = 0.0
         self.rollout_ended: float | None = None
 
+    def _on_training_start(self) -> None:
+        # A resumed run starts at its checkpoint's num_timesteps: the evaluations due up to
+        # there were made before the checkpoint was taken (workbench.checkpoint).
+        while self.every_steps > 0 and self.next_eval <= self.num_timesteps:
+            self.next_eval += self.every_steps
+
     def _on_rollout_start(self) -> None:
         now = time.perf_counter()
         self._record_update(now)

@@ -90,6 +90,9 @@ def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
     copy = actions.add_parser("copy", help=migrate.COPY_HELP, description=migrate.COPY_HELP)
     migrate.add_cli_arguments(copy)
     copy.set_defaults(runs_func=migrate.run_command)
+    from workbench import runs
+
+    runs.add_cli_actions(actions)
 
 
 def cmd_manifest(args: argparse.Namespace) -> int:
@@ -157,7 +160,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
     "ui": (cmd_ui, "open the MLflow UI on the configured store (127.0.0.1)"),
     "server": (cmd_server, "team mode: shared MLflow server on PostgreSQL with basic auth: "
                "server start|stop|status"),
-    "runs": (cmd_runs, "recorded runs: runs copy --from URI --to URI"),
+    "runs": (cmd_runs, "recorded runs: runs copy --from URI --to URI; runs reap; runs sync"),
     "manifest": (cmd_manifest, "print this machine's environment manifest; "
                  "'manifest diff RUN_A RUN_B' compares two runs"),
     "report": (cmd_report, "write a review report for a sweep, an experiment or runs; "
@@ -232,9 +235,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, BadInput) as exc:
         print(f"workbench: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("workbench: interrupted", file=sys.stderr)
-        return EXIT_SIGTERM if received else EXIT_SIGINT
+        # workbench.faults.TrainingInterrupted carries the signal that stopped training.
+        sigterm = received or getattr(exc, "signum", None) == signal.SIGTERM
+        return EXIT_SIGTERM if sigterm else EXIT_SIGINT
     finally:
         if "workbench.envs" in sys.modules:
             sys.modules["workbench.envs"].stop_worker_servers()

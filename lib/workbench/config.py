@@ -144,6 +144,14 @@ class RayConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Checkpoints in the run's artifacts (``checkpoints/step-<N>/``), for ``resume=<run_id>``."""
+
+    every_steps: int = 10_000  # write one every N env steps (0: only at the end, on stop/failure)
+    keep_last: int = 3  # newest checkpoints kept in the run's artifacts (0: keep all)
+
+
+@dataclass
 class SweepConfig:
     """Grid for ``workbench sweep`` (see conf/sweep/)."""
 
@@ -190,11 +198,13 @@ class WorkbenchConfig:
     sweep: SweepConfig = field(default_factory=SweepConfig)
     repro: ReproConfig = field(default_factory=ReproConfig)
     init: InitConfig = field(default_factory=InitConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     experiment_name: str | None = None  # the experiment= preset this came from, if any
     total_timesteps: int = 100_000  # environment steps to train for
     seed: int = 0  # base seed: torch, numpy, and env rank r gets seed + r
     device: str = "auto"  # auto | cpu | cuda (auto: CUDA when available)
     torch_threads: int = 0  # torch intra-op threads for the learner; 0: chosen from cores
+    resume: str | None = None  # MLflow run id: continue that run from its last checkpoint
 
 
 # --------------------------------------------------------------------------- composition
@@ -236,8 +246,17 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
 
 
 def load_config(overrides: Sequence[str] = ()) -> WorkbenchConfig:
-    """Compose, type-check and validate: the single entry point for configuration."""
-    return validate(compose(overrides))
+    """Compose, type-check and validate: the single entry point for configuration.
+
+    With ``resume=<run_id>`` the result is that run's own config plus the allowed overrides
+    (see :mod:`workbench.resume`).
+    """
+    composed = compose(overrides)
+    if composed.get("resume"):
+        from workbench import resume
+
+        return resume.resume_config(composed, overrides)
+    return validate(composed)
 
 
 def validate(cfg: DictConfig | Mapping[str, Any] | WorkbenchConfig) -> WorkbenchConfig:
@@ -325,6 +344,8 @@ def check_values(cfg: WorkbenchConfig) -> None:
     _check_min("eval.final_episodes", cfg.eval.final_episodes, 0)
     _check_min("eval.every_steps", cfg.eval.every_steps, 0)
     _check_min("torch_threads", cfg.torch_threads, 0)
+    _check_min("checkpoint.every_steps", cfg.checkpoint.every_steps, 0)
+    _check_min("checkpoint.keep_last", cfg.checkpoint.keep_last, 0)
     if cfg.algo.learning_rate <= 0:
         raise ConfigError(
             f"algo.learning_rate={cfg.algo.learning_rate}: must be > 0 "
@@ -377,6 +398,14 @@ def check_env_id(env_id: str) -> None:
     import workbench.envs  # noqa: F401  (registers the workbench's own environments)
 
     registry = gymnasium.envs.registry
+    if ":" in env_id:  # gymnasium's "module:id" form imports the module that registers the id
+        import importlib
+
+        module, _, env_id = env_id.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(f"env.id: cannot import module {module!r} ({exc})") from exc
     if env_id in registry:
         return
     close = difflib.get_close_matches(env_id, list(registry), n=3, cutoff=0.6)
@@ -392,7 +421,8 @@ def check_env_kwargs(env_id: str, kwargs: Mapping[str, Any]) -> None:
     """
     import gymnasium
 
-    entry_point: Any = gymnasium.envs.registry[env_id].entry_point
+    # "module:id" (gymnasium's form, see check_env_id): the registry knows the bare id.
+    entry_point: Any = gymnasium.envs.registry[env_id.rpartition(":")[2]].entry_point
     if isinstance(entry_point, str):
         entry_point = gymnasium.envs.registration.load_env_creator(entry_point)
     check = getattr(entry_point, "check_kwargs", None)

@@ -25,7 +25,7 @@ from stable_baselines3.common.vec_env import (
     VecNormalize,
 )
 
-from workbench import robots  # registers the workbench's own ids with gymnasium
+from workbench import faults, robots  # robots registers the workbench's own ids
 from workbench.config import RandomizationConfig
 from workbench.randomization import is_active, wrap
 
@@ -76,10 +76,12 @@ def make_envs(spec: EnvSpec) -> VecEnv:
             robots.importable_id(spec.env_id),
             n_envs=spec.num_envs,
             seed=spec.seed,
-            vec_env_cls=VEC_ENV_CLASSES[spec.vec_env],
+            vec_env_cls=faults.guarded(VEC_ENV_CLASSES[spec.vec_env]),
             env_kwargs=env_kwargs,
             wrapper_class=randomization_wrapper(spec.randomization),
         )
+    # NaN/inf checks on raw values and named worker crashes (workbench.faults).
+    venv = faults.GuardedVecEnv(venv, spec.env_id)
     if spec.normalize:
         venv = VecNormalize(
             venv,
@@ -107,7 +109,9 @@ def make_eval_env(
     venv = make_vec_env(
         robots.importable_id(spec.env_id), n_envs=1, seed=spec.seed + seed_offset,
         env_kwargs=env_kwargs, wrapper_class=randomization_wrapper(randomization),
+        vec_env_cls=faults.guarded(DummyVecEnv),
     )
+    venv = faults.GuardedVecEnv(venv, spec.env_id)  # same wrapper depth as the training envs
     if spec.normalize:
         venv = VecNormalize(
             venv, norm_obs=spec.norm_obs, norm_reward=False, clip_obs=spec.clip_obs, training=False

@@ -25,7 +25,20 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.utils import get_linear_fn
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
-from workbench import calibration, config, console, envs, hub, manifest, tracking
+from workbench import (
+    calibration,
+    checkpoint,
+    config,
+    console,
+    envs,
+    faults,
+    hub,
+    manifest,
+    outbox,
+    resume,
+    runs,
+    tracking,
+)
 from workbench.callbacks import IterationCallback, evaluate, reward_component_callbacks
 from workbench.config import WorkbenchConfig
 
@@ -64,16 +77,24 @@ def train(
     ``run_info`` (command line, or notebook path and papermill parameters, overrides) goes
     into the manifest's ``run`` section; without it the manifest detects what it can.
     ``callbacks`` are extra SB3 callbacks run after the workbench's own (e.g. live plots).
-    The run ends FINISHED, FAILED (error message in the ``error`` tag) or KILLED.
+    With ``cfg.resume`` the run continues from its last checkpoint (:mod:`workbench.resume`).
+    The run ends FINISHED, FAILED (error message in the ``error`` tag) or KILLED; a
+    checkpoint of the last good state is kept in every case.
     """
     cfg = config.validate(cfg)  # type: ignore[arg-type]
     derived = config.derive(cfg)
+    uri = tracking.resolve_tracking_uri(cfg.tracking.uri)
+    resumed = resume.prepare(cfg, uri) if cfg.resume else None  # bad input: nothing written yet
     # A Hub policy to start from is pulled, verified and checked against cfg before the run
     # exists, so a wrong repo or revision is bad input, not a failed run (workbench.hub).
-    init_bundle = hub.pull_for_init(cfg)
-    uri = tracking.resolve_tracking_uri(cfg.tracking.uri)
+    # A resumed run starts from its checkpoint instead.
+    init_bundle = None if resumed else hub.pull_for_init(cfg)
+    runs.check_experiments_writable()
     client = tracking.make_client(uri)
-    experiment_id = tracking.ensure_experiment(client, cfg.tracking.experiment, uri)
+    experiment_id = (
+        resumed.run.info.experiment_id if resumed
+        else tracking.ensure_experiment(client, cfg.tracking.experiment, uri)
+    )
     # env.vec_env=auto is resolved here, once, before the run exists (calibration.py)
     vec_choice = calibration.choose_vec_env(env_spec(cfg))
     threads = cfg.torch_threads or envs.auto_torch_threads(cfg.env.num_envs, vec_choice.name)
@@ -84,19 +105,30 @@ def train(
     run_tags = manifest.scrub({**run_tags_for(cfg), **cfg.tracking.tags, **(tags or {})})
     if parent_run_id:
         run_tags["mlflow.parentRunId"] = parent_run_id
-    run = client.create_run(experiment_id, run_name=run_name, tags=run_tags)
+    if resumed:  # the same run continues (see workbench.resume)
+        run = resumed.run
+        delivery = outbox.DeliveryClient(uri, run.info.run_id)
+        delivery.skip_logged = resume.reopen(client, resumed)
+    else:
+        run = client.create_run(experiment_id, run_name=run_name, tags=run_tags)
+        delivery = outbox.DeliveryClient(uri, run.info.run_id)
+    client = delivery  # every write from here on goes through the run's outbox
     run_id = run.info.run_id
-    monitor = start_system_metrics(cfg, run_id, uri)
+    monitor = start_system_metrics(cfg, run_id, uri, resume=resumed is not None)
     train_env: VecEnv | None = None
     eval_env: VecEnv | None = None
+    model: PPO | None = None
+    recovery: checkpoint.RecoveryCallback | None = None
+    interruption = faults.Interruption()
     try:
         if init_bundle is not None:  # the pulled policy's pinned commit, in the manifest's run
             run_info = {**(run_info or {}), **hub.init_run_info(init_bundle)}
         run_manifest = manifest.record_manifest(
             client, run_id, run_info, seed=cfg.seed, keep_tags=list(run_tags)
         )
-        params = {**run_params(cfg, derived, threads), **vec_choice.params()}
-        tracking.log_params(client, run_id, manifest.scrub(params))
+        if resumed is None:  # a resumed run keeps its params (MLflow's are write-once)
+            params = {**run_params(cfg, derived, threads), **vec_choice.params()}
+            tracking.log_params(client, run_id, manifest.scrub(params))
         client.log_text(run_id, manifest.scrub_yaml(config.to_dict(cfg)), "config.yaml")
         if init_bundle is not None:  # the commit a tag or branch resolved to, pinned
             tracking.log_params(client, run_id, {"init.hub_commit": init_bundle.commit})
@@ -110,10 +142,29 @@ def train(
             header_lines(cfg, derived, model, threads, uri, run_id, run_name, vec_choice)
         )
         model.set_logger(build_logger(client, run_id, cfg, derived.iterations))
+        recovery = checkpoint.RecoveryCallback(
+            delivery, run_id, manifest.scrub_yaml(config.to_dict(cfg)), train_env, eval_env,
+            every_steps=cfg.checkpoint.every_steps, keep_last=cfg.checkpoint.keep_last,
+            interruption=interruption, existing_steps=resumed.stored_steps if resumed else (),
+        )
+        if resumed:
+            checkpoint.restore(model, train_env, eval_env, resumed.state)
+            resume.discard_incomplete(client, resumed)
 
         started = time.perf_counter()
-        own = build_callbacks(cfg, eval_env) + reward_component_callbacks(train_env)
-        model.learn(cfg.total_timesteps, callback=[*own, *callbacks], log_interval=1)
+        own = [
+            faults.UpdateCheck(), *build_callbacks(cfg, eval_env),
+            *reward_component_callbacks(train_env),
+        ]
+        with interruption.installed():  # first SIGINT/SIGTERM: stop after the current step
+            model.learn(
+                cfg.total_timesteps - model.num_timesteps,
+                callback=[*own, *callbacks, recovery],
+                log_interval=1,
+                reset_num_timesteps=resumed is None,
+            )
+        if interruption.requested:
+            raise interruption.error(f" at step {model.num_timesteps}")
         wall = time.perf_counter() - started
 
         mean, std = evaluate(model, train_env, eval_env, cfg.eval.final_episodes)
@@ -129,19 +180,25 @@ def train(
         log_summary(client, run_id, summary, model.num_timesteps)
         save_model(client, run_id, cfg, model, train_env, run_manifest)
         client.set_terminated(run_id, "FINISHED")
-    except KeyboardInterrupt:
-        client.set_tag(run_id, "error", "KeyboardInterrupt: interrupted by the user")
+    except KeyboardInterrupt as exc:
+        saved = checkpoint.save_last_good(recovery, write=not interruption.forced)
+        client.set_tag(run_id, "error", faults.interrupt_reason(exc))
         client.set_terminated(run_id, "KILLED")
+        print_stopped(run_id, "KILLED", saved)
         raise
     except BaseException as exc:
+        saved = checkpoint.save_last_good(recovery)
         error = manifest.scrub_command(f"{type(exc).__name__}: {exc}")
         client.set_tag(run_id, "error", tracking.truncate(error, 5000))
         client.set_terminated(run_id, "FAILED")
+        print_stopped(run_id, "FAILED", saved)
         raise
     finally:
         close_envs(train_env, eval_env)
+        faults.release_accelerator(model)
         if monitor is not None:
             monitor.finish()
+        delivery.close()  # drains the outbox (see workbench.outbox)
 
     result = TrainResult(
         run_id=run_id,
@@ -155,7 +212,7 @@ def train(
         fps=summary["summary/fps"],
         wall_time_s=wall,
         peak_rss_mb=summary["summary/peak_rss_mb"],
-        artifact_uri=client.get_run(run_id).info.artifact_uri,
+        artifact_uri=run.info.artifact_uri,
     )
     print_result(result)
     return result
@@ -264,8 +321,12 @@ def close_envs(*venvs: VecEnv | None) -> None:
             print(f"warning: closing environments failed: {exc}", file=sys.stderr)
 
 
-def start_system_metrics(cfg: WorkbenchConfig, run_id: str, uri: str) -> Any:
-    """MLflow's built-in system metrics sampler (CPU, memory, GPU when present) for the run."""
+def start_system_metrics(cfg: WorkbenchConfig, run_id: str, uri: str, resume: bool = False
+                         ) -> Any:
+    """MLflow's built-in system metrics sampler (CPU, memory, GPU when present) for the run.
+
+    On resume it continues the run's ``system/*`` steps (MLflow's ``resume_logging``).
+    """
     if not cfg.tracking.system_metrics:
         return None
     import mlflow
@@ -276,9 +337,17 @@ def start_system_metrics(cfg: WorkbenchConfig, run_id: str, uri: str) -> Any:
         run_id,
         sampling_interval=cfg.tracking.system_metrics_interval_s,
         samples_before_logging=1,
+        resume_logging=resume,
     )
     monitor.start()
     return monitor
+
+
+def print_stopped(run_id: str, status: str, saved: str | None) -> None:
+    """Where a stopped run's state is and how to continue it."""
+    where = f"checkpoint {saved}; resume with: workbench train resume={run_id}" if saved else (
+        "no checkpoint written")
+    print(f"workbench: run {run_id} {status}; {where}", file=sys.stderr, flush=True)
 
 
 def log_summary(client: MlflowClient, run_id: str, values: Mapping[str, float], step: int) -> None:

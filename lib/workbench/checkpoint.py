@@ -1,0 +1,653 @@
+"""Checkpoints: the complete training state at a PPO iteration boundary, in the run's artifacts.
+
+A checkpoint is taken where an iteration begins (SB3's ``on_rollout_start``): the previous
+update is done, the rollout buffer is about to be refilled from scratch (so it holds nothing
+worth saving), and the environments are between two steps. It holds everything that decides
+what happens next, so that a resumed run logs exactly what the uninterrupted run would have:
+
+- policy weights and optimizer (Adam) state, ``num_timesteps``, the update count;
+- the global RNG states (Python, NumPy: minibatch shuffling, torch: action sampling);
+- every training env copy's simulator state, time-limit counter and running episode return
+  (:mod:`workbench.simstate`), PPO's last observation and episode-start flags, the episode
+  statistics window behind ``rollout/ep_rew_mean``;
+- ``VecNormalize`` statistics and its per-env discounted returns; the evaluation env's RNG;
+- the logger values recorded but not yet written (SB3 logs an update's ``train/*`` values
+  one dump late) and the resolved config.
+
+Format (``checkpoints/step-<num_timesteps:012d>/`` in the run's artifacts), nothing that can
+execute code when loaded: ``arrays.safetensors`` (every array and tensor), ``config.yaml``,
+and ``state.json`` (all other values, the SHA-256 of the two files). ``state.json`` is
+uploaded last: a checkpoint without it is incomplete and ignored.
+
+A snapshot is captured in memory at every iteration boundary (cheap; measured by
+``benchmarks/robustness.py``) and written every ``checkpoint.every_steps`` steps, at the end
+of training, and when training is interrupted or fails (the last good boundary).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import random
+import re
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from mlflow.tracking import MlflowClient
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.logger import KVWriter
+from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecNormalize
+
+from workbench import faults, runs, tracking
+from workbench.outbox import DeliveryClient
+
+FORMAT = "workbench-checkpoint/1"
+ARRAYS_FILE = "arrays.safetensors"
+CONFIG_FILE = "config.yaml"
+STATE_FILE = "state.json"
+CHECKPOINTS_DIR = "checkpoints"
+NAME_PATTERN = re.compile(r"^step-(\d+)$")
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint whose files are missing, truncated or modified."""
+
+
+def checkpoint_path(step: int) -> str:
+    """Artifact path of the checkpoint taken at ``num_timesteps == step``."""
+    return f"{CHECKPOINTS_DIR}/step-{step:012d}"
+
+
+# --------------------------------------------------------------------------- capture / restore
+
+
+def capture(model: Any, train_env: VecEnv, eval_env: VecEnv | None,
+            restorable: bool | None = None) -> dict[str, Any]:
+    """The complete training state now (call at an iteration boundary).
+
+    ``restorable`` (whether every env copy's state is captured exactly) is asked from the
+    envs unless given.
+    """
+    envs_state = env_states(train_env)
+    if restorable is None:
+        restorable = is_restorable(train_env)
+    buffer_len = getattr(model.ep_info_buffer, "maxlen", None)
+    return {
+        "num_timesteps": int(model.num_timesteps),
+        "n_updates": int(model._n_updates),
+        "episode_num": int(model._episode_num),
+        "iterations": int(model.num_timesteps // (model.n_envs * model.n_steps)),
+        "policy": {k: v.detach().clone() for k, v in model.policy.state_dict().items()},
+        "optimizer": copy.deepcopy(model.policy.optimizer.state_dict()),
+        "rng": rng_states(),
+        "exact": restorable,
+        "envs": envs_state,
+        "last_obs": np.array(model._last_obs, copy=True),
+        "last_episode_starts": np.array(model._last_episode_starts, copy=True),
+        "ep_info_buffer": [dict(e) for e in (model.ep_info_buffer or [])],
+        "ep_success_buffer": list(model.ep_success_buffer or []),
+        "ep_buffer_len": buffer_len,
+        "vecnormalize": vecnormalize_state(train_env),
+        "eval_env": eval_env_state(eval_env),
+        "logger": logger_state(model.logger),
+    }
+
+
+def env_states(venv: VecEnv) -> list[dict[str, Any]] | None:
+    """Each env copy's state, or None for a VecEnv without per-env access (EnvPool)."""
+    try:
+        return venv.env_method("workbench_capture")
+    except AttributeError:
+        return None
+
+
+def is_restorable(venv: VecEnv) -> bool:
+    """True when every env copy's state is captured exactly (see :mod:`workbench.simstate`)."""
+    try:
+        return all(venv.env_method("workbench_restorable"))
+    except AttributeError:
+        return False
+
+
+def restore(model: Any, train_env: VecEnv, eval_env: VecEnv | None, state: dict[str, Any]) -> None:
+    """Put a freshly built model and its envs into a captured ``state``.
+
+    Call before ``learn(..., reset_num_timesteps=False)``: PPO then keeps ``_last_obs`` and the
+    episode statistics and continues counting from ``num_timesteps``. The global RNGs are
+    restored last, after everything that could draw from them.
+    """
+    model.policy.load_state_dict(state["policy"])
+    model.policy.optimizer.load_state_dict(state["optimizer"])
+    model.num_timesteps = state["num_timesteps"]
+    model._n_updates = state["n_updates"]
+    model._episode_num = state["episode_num"]
+    maxlen = state.get("ep_buffer_len") or model._stats_window_size
+    model.ep_info_buffer = deque(state["ep_info_buffer"], maxlen=maxlen)
+    model.ep_success_buffer = deque(state["ep_success_buffer"], maxlen=maxlen)
+
+    # A reset creates valid episodes (gymnasium's order checks, Monitor) and consumes the
+    # pending seeds; the saved states then overwrite them.
+    first_obs = train_env.reset()
+    if state["exact"]:
+        for rank, env_state in enumerate(state["envs"]):
+            train_env.env_method("workbench_restore", env_state, indices=[rank])
+        model._last_obs = state["last_obs"]
+        model._last_episode_starts = state["last_episode_starts"]
+    else:  # state not restorable exactly (see workbench.simstate): fresh episodes
+        print("workbench: note: these environments keep state a checkpoint cannot restore "
+              "exactly (see workbench.simstate); the resumed run starts fresh episodes",
+              file=sys.stderr, flush=True)
+        for rank, env_state in enumerate(state["envs"] or []):
+            env_state = {**env_state, "physics": None}  # only the reset RNG stream
+            train_env.env_method("workbench_restore", env_state, indices=[rank])
+        model._last_obs = first_obs
+        model._last_episode_starts = np.ones((train_env.num_envs,), dtype=bool)
+    set_vecnormalize_state(train_env, state["vecnormalize"])
+    guarded = find_wrapper(train_env, faults.GuardedVecEnv)
+    if guarded is not None:
+        guarded.num_timesteps = state["num_timesteps"]
+    set_eval_env_state(eval_env, state["eval_env"])
+    set_logger_state(model.logger, state["logger"], state["iterations"])
+    set_rng_states(state["rng"])
+
+
+def find_wrapper(venv: VecEnv, kind: type) -> Any:
+    """The first VecEnv wrapper of type ``kind`` in ``venv``'s chain, or None."""
+    layer: Any = venv
+    while True:
+        if isinstance(layer, kind):
+            return layer
+        if not isinstance(layer, VecEnvWrapper):
+            return None
+        layer = layer.venv
+
+
+def rng_states() -> dict[str, Any]:
+    """Python, NumPy and torch global RNG states (CUDA too when initialized)."""
+    cuda = []
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        cuda = [s.clone() for s in torch.cuda.get_rng_state_all()]
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state().clone(),
+        "cuda": cuda,
+    }
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Inverse of :func:`rng_states` (JSON turned the tuples into lists)."""
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def vecnormalize_state(venv: VecEnv) -> dict[str, Any] | None:
+    """Running statistics and per-env discounted returns of ``VecNormalize``, if present."""
+    norm = find_wrapper(venv, VecNormalize)
+    if norm is None:
+        return None
+    return {
+        "obs_mean": np.array(norm.obs_rms.mean, copy=True),
+        "obs_var": np.array(norm.obs_rms.var, copy=True),
+        "obs_count": float(norm.obs_rms.count),
+        "ret_mean": np.array(norm.ret_rms.mean, copy=True),
+        "ret_var": np.array(norm.ret_rms.var, copy=True),
+        "ret_count": float(norm.ret_rms.count),
+        "returns": np.array(norm.returns, copy=True),
+    }
+
+
+def set_vecnormalize_state(venv: VecEnv, state: dict[str, Any] | None) -> None:
+    """Inverse of :func:`vecnormalize_state`."""
+    norm = find_wrapper(venv, VecNormalize)
+    if norm is None or state is None:
+        return
+    norm.obs_rms.mean = np.array(state["obs_mean"], dtype=np.float64)
+    norm.obs_rms.var = np.array(state["obs_var"], dtype=np.float64)
+    norm.obs_rms.count = state["obs_count"]
+    norm.ret_rms.mean = np.array(state["ret_mean"], dtype=np.float64)
+    norm.ret_rms.var = np.array(state["ret_var"], dtype=np.float64)
+    norm.ret_rms.count = state["ret_count"]
+    norm.returns = np.array(state["returns"], dtype=np.float64)
+
+
+def eval_env_state(eval_env: VecEnv | None) -> dict[str, Any] | None:
+    """The evaluation env's reset RNG and its not-yet-used seeds (first evaluation)."""
+    if eval_env is None:
+        return None
+    states = eval_env.env_method("workbench_capture")
+    seeds = list(getattr(eval_env.unwrapped, "_seeds", []))
+    return {"rng": [s["rng"] for s in states], "pending_seeds": seeds}
+
+
+def set_eval_env_state(eval_env: VecEnv | None, state: dict[str, Any] | None) -> None:
+    """Inverse of :func:`eval_env_state`."""
+    if eval_env is None or state is None:
+        return
+    for rank, rng in enumerate(state["rng"]):
+        eval_env.env_method(
+            "workbench_restore", {"rng": rng, "wrappers": {}, "physics": None}, indices=[rank]
+        )
+    eval_env.unwrapped._seeds = list(state["pending_seeds"])  # type: ignore[attr-defined]
+
+
+def mlflow_writer(logger: Any) -> tracking.MlflowWriter | None:
+    """The MLflow writer among a logger's outputs (possibly wrapped)."""
+    for output in getattr(logger, "output_formats", []):
+        while isinstance(output, IterationOffsetWriter):
+            output = output.inner
+        if isinstance(output, tracking.MlflowWriter):
+            return output
+    return None
+
+
+def logger_state(logger: Any) -> dict[str, Any]:
+    """Values recorded but not written yet, and the MLflow writer's step bookkeeping."""
+    writer = mlflow_writer(logger)
+    values = {}
+    for key, value in logger.name_to_value.items():
+        if isinstance(value, int | float | np.number) and not isinstance(value, bool):
+            values[key] = float(value)
+    excluded = {k: list(v) for k, v in logger.name_to_excluded.items() if k in values}
+    return {
+        "values": values,
+        "excluded": excluded,
+        "previous_step": writer.previous_step if writer is not None else None,
+    }
+
+
+def set_logger_state(logger: Any, state: dict[str, Any], iterations: int) -> None:
+    """Re-record pending values; continue the writer's steps and SB3's iteration count."""
+    for key, value in state["values"].items():
+        logger.record(key, value, exclude=tuple(state["excluded"].get(key, ())) or None)
+    writer = mlflow_writer(logger)
+    if writer is not None:
+        writer.previous_step = state["previous_step"]
+    if iterations:
+        logger.output_formats = [
+            IterationOffsetWriter(o, iterations) for o in logger.output_formats
+        ]
+
+
+class IterationOffsetWriter(KVWriter):
+    """Logger output adding the iterations done before a resume to ``time/iterations``.
+
+    SB3 counts iterations per ``learn()`` call; after a resume the count restarts at 1.
+    """
+
+    def __init__(self, inner: Any, offset: int) -> None:
+        self.inner = inner
+        self.offset = offset
+
+    def write(self, key_values: dict[str, Any], key_excluded: dict[str, Any], step: int = 0
+              ) -> None:
+        if "time/iterations" in key_values:
+            key_values = {**key_values,
+                          "time/iterations": key_values["time/iterations"] + self.offset}
+        self.inner.write(key_values, key_excluded, step)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+# --------------------------------------------------------------------------- files
+
+
+def encode(tree: Any, arrays: dict[str, np.ndarray], path: str = "") -> Any:
+    """``tree`` as JSON values; arrays and tensors moved into ``arrays`` by path."""
+    if isinstance(tree, torch.Tensor):
+        arrays[path] = np.array(tree.detach().cpu().numpy(), order="C", copy=True)
+        return {"__array__": path, "torch": True}
+    if isinstance(tree, np.ndarray):
+        arrays[path] = np.array(tree, order="C", copy=True)  # keeps 0-d shapes
+        return {"__array__": path}
+    if isinstance(tree, np.generic):
+        return tree.item()
+    if isinstance(tree, dict):
+        if all(isinstance(k, str) for k in tree):
+            return {k: encode(v, arrays, f"{path}/{k}") for k, v in tree.items()}
+        return {"__items__": [[encode(k, arrays, f"{path}/{i}k"), encode(v, arrays, f"{path}/{i}")]
+                              for i, (k, v) in enumerate(tree.items())]}
+    if isinstance(tree, list | tuple | deque):
+        return [encode(v, arrays, f"{path}/{i}") for i, v in enumerate(tree)]
+    return tree
+
+
+def decode(tree: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """Inverse of :func:`encode` (tuples come back as lists)."""
+    if isinstance(tree, dict):
+        if "__array__" in tree:
+            array = np.array(arrays[tree["__array__"]], copy=True)
+            return torch.from_numpy(array) if tree.get("torch") else array
+        if "__items__" in tree:
+            return {decode(k, arrays): decode(v, arrays) for k, v in tree["__items__"]}
+        return {k: decode(v, arrays) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [decode(v, arrays) for v in tree]
+    return tree
+
+
+def sha256(path: Path) -> str:
+    """Hex SHA-256 of a file."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_files(folder: Path, state: dict[str, Any], config_yaml: str) -> None:
+    """Write ``arrays.safetensors``, ``config.yaml`` and (last) ``state.json`` into ``folder``."""
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays: dict[str, np.ndarray] = {}
+    tree = encode(state, arrays)
+    save_file(arrays, str(folder / ARRAYS_FILE))
+    (folder / CONFIG_FILE).write_text(config_yaml)
+    meta = {
+        "format": FORMAT,
+        "num_timesteps": state["num_timesteps"],
+        "created_at": time.time(),
+        "files": {name: sha256(folder / name) for name in (ARRAYS_FILE, CONFIG_FILE)},
+        "state": tree,
+    }
+    (folder / STATE_FILE).write_text(json.dumps(meta))
+
+
+def read_files(folder: Path) -> tuple[dict[str, Any], str]:
+    """``(state, config_yaml)`` of a checkpoint folder; :class:`CorruptCheckpoint` if damaged.
+
+    Only JSON and safetensors are parsed: loading a checkpoint cannot execute code, whoever
+    made it.
+    """
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        meta = json.loads((folder / STATE_FILE).read_text())
+    except FileNotFoundError as exc:
+        raise CorruptCheckpoint(f"{STATE_FILE} is missing (incomplete checkpoint)") from exc
+    except ValueError as exc:
+        raise CorruptCheckpoint(f"{STATE_FILE} is truncated or not JSON ({exc})") from exc
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CorruptCheckpoint(f"{STATE_FILE} is not a {FORMAT} file")
+    for name, expected in meta["files"].items():
+        path = folder / name
+        if not path.exists():
+            raise CorruptCheckpoint(f"{name} is missing")
+        if sha256(path) != expected:
+            raise CorruptCheckpoint(
+                f"{name} does not match its recorded SHA-256 (truncated or modified)"
+            )
+    try:
+        arrays = load_file(str(folder / ARRAYS_FILE))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CorruptCheckpoint(f"{ARRAYS_FILE} cannot be read ({exc})") from exc
+    try:
+        state = decode(meta["state"], arrays)
+    except KeyError as exc:
+        raise CorruptCheckpoint(f"{ARRAYS_FILE} lacks array {exc}") from exc
+    return state, (folder / CONFIG_FILE).read_text()
+
+
+# --------------------------------------------------------------------------- the store
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    """A checkpoint folder in a run's artifacts."""
+
+    step: int
+    path: str
+    complete: bool  # has state.json (uploaded last)
+
+
+def stored_checkpoints(client: MlflowClient, run_id: str) -> list[StoredCheckpoint]:
+    """The run's checkpoint folders, oldest first."""
+    found = []
+    for info in client.list_artifacts(run_id, CHECKPOINTS_DIR):
+        match = NAME_PATTERN.match(info.path.rsplit("/", 1)[-1])
+        if not (info.is_dir and match):
+            continue
+        files = {f.path.rsplit("/", 1)[-1] for f in client.list_artifacts(run_id, info.path)}
+        found.append(StoredCheckpoint(int(match.group(1)), info.path, STATE_FILE in files))
+    return sorted(found, key=lambda c: c.step)
+
+
+def download(client: MlflowClient, run_id: str, stored: StoredCheckpoint, dst: Path
+             ) -> tuple[dict[str, Any], str]:
+    """Download and read one stored checkpoint (raises :class:`CorruptCheckpoint`)."""
+    # MLflow's download progress bar would break the one-line errors of a refused resume.
+    previous = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    try:
+        local = Path(client.download_artifacts(run_id, stored.path, str(dst)))
+    finally:
+        if previous is None:
+            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
+        else:
+            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = previous
+    return read_files(local)
+
+
+# --------------------------------------------------------------------------- the callback
+
+
+class RecoveryCallback(BaseCallback):
+    """What a run needs to survive its process: snapshots, checkpoints, heartbeat, stop.
+
+    - At every iteration boundary: an in-memory snapshot (:func:`capture`); written as a
+      checkpoint when ``every_steps`` have passed since the last due point, keeping the
+      newest ``keep_last`` in the store.
+    - After every environment step: a stop requested by :class:`faults.Interruption` ends
+      the rollout (the step in flight completes first); at most every
+      ``runs.HEARTBEAT_INTERVAL_S`` seconds the run's heartbeat tag is refreshed.
+    - At the end: the final state is written; after a stop request, the last boundary.
+
+    Put it last in the callback list, after callbacks that record into the logger at
+    ``on_rollout_start`` and after the one that dumps it at training end.
+    """
+
+    def __init__(
+        self,
+        client: DeliveryClient,
+        run_id: str,
+        config_yaml: str,
+        train_env: VecEnv,
+        eval_env: VecEnv | None,
+        *,
+        every_steps: int,
+        keep_last: int,
+        interruption: faults.Interruption,
+        existing_steps: Sequence[int] = (),
+    ) -> None:
+        super().__init__()
+        self.client = client
+        self.run_id = run_id
+        self.config_yaml = config_yaml
+        self.train_env = train_env
+        self.eval_env = eval_env
+        self.every_steps = every_steps
+        self.keep_last = keep_last
+        self.interruption = interruption
+        self.saved_steps: list[int] = sorted(existing_steps)
+        self.snapshot: dict[str, Any] | None = None
+        self.next_due = 0
+        self.last_beat = -float("inf")
+        self.save_times_s: list[float] = []
+        self.last_size_bytes = 0
+        self.restorable = is_restorable(train_env)
+
+    @property
+    def last_saved(self) -> str | None:
+        """Artifact path of the newest checkpoint written (or found at resume)."""
+        return checkpoint_path(self.saved_steps[-1]) if self.saved_steps else None
+
+    def _on_training_start(self) -> None:
+        if self.every_steps > 0:
+            self.next_due = (self.num_timesteps // self.every_steps + 1) * self.every_steps
+        self.heartbeat(force=True)
+
+    def _on_rollout_start(self) -> None:
+        self.snapshot = capture(self.model, self.train_env, self.eval_env, self.restorable)
+        if self.every_steps > 0 and self.num_timesteps >= self.next_due:
+            while self.next_due <= self.num_timesteps:
+                self.next_due += self.every_steps
+            self.save()
+
+    def _on_step(self) -> bool:
+        self.heartbeat()
+        return not self.interruption.requested
+
+    def _on_training_end(self) -> None:
+        if not self.interruption.requested:
+            self.snapshot = capture(self.model, self.train_env, self.eval_env, self.restorable)
+        self.save()
+
+    def heartbeat(self, force: bool = False) -> None:
+        """Refresh the run's heartbeat tag (throttled)."""
+        now = time.monotonic()
+        if force or now - self.last_beat >= runs.HEARTBEAT_INTERVAL_S:
+            self.last_beat = now
+            self.client.heartbeat()
+
+    def save(self) -> str | None:
+        """Write the latest snapshot unless it is already stored; returns its artifact path."""
+        if self.snapshot is None:
+            return self.last_saved
+        step = self.snapshot["num_timesteps"]
+        if step in self.saved_steps:
+            return checkpoint_path(step)
+        started = time.perf_counter()
+        path = checkpoint_path(step)
+        with tempfile.TemporaryDirectory(prefix="workbench-ckpt-") as tmp:
+            folder = Path(tmp) / "data"
+            write_files(folder, self.snapshot, self.config_yaml)
+            state_file = folder / STATE_FILE
+            committed = Path(tmp) / STATE_FILE
+            state_file.rename(committed)
+            self.last_size_bytes = sum(p.stat().st_size for p in folder.iterdir())
+            self.last_size_bytes += committed.stat().st_size
+            self.client.log_artifacts(self.run_id, str(folder), path)
+            self.client.log_artifact(self.run_id, str(committed), path)  # commit marker, last
+        self.save_times_s.append(time.perf_counter() - started)
+        self.saved_steps.append(step)
+        self.client.set_tag(self.run_id, "workbench.checkpoint", path)
+        self.apply_retention()
+        return path
+
+    def apply_retention(self) -> None:
+        """Delete the oldest checkpoints beyond ``keep_last`` (0 keeps all)."""
+        if self.keep_last <= 0:
+            return
+        while len(self.saved_steps) > self.keep_last:
+            oldest = self.saved_steps.pop(0)
+            self.client.delete_artifacts(self.run_id, checkpoint_path(oldest))
+
+
+def config_from_yaml(text: str) -> Any:
+    """A validated ``WorkbenchConfig`` from a stored ``config.yaml`` (ConfigError if unfit)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from workbench import config
+
+    node = OmegaConf.create(text)
+    if not isinstance(node, DictConfig):
+        raise config.ConfigError("config.yaml does not hold a mapping of config keys")
+    return config.validate(node)
+
+
+def save_last_good(recovery: RecoveryCallback | None, write: bool = True) -> str | None:
+    """After a failure or interruption, write the last good snapshot; never raises.
+
+    Returns the newest stored checkpoint (``write=False``: only report it, e.g. after a
+    second Ctrl-C asked to stop at once).
+    """
+    if recovery is None:
+        return None
+    if not write:
+        return recovery.last_saved
+    try:
+        return recovery.save()
+    except Exception as exc:  # the original error matters more than a failed checkpoint
+        print(f"workbench: warning: could not write the last checkpoint: {exc}",
+              file=sys.stderr, flush=True)
+        return recovery.last_saved
+
+
+# --------------------------------------------------------------------------- safe loading
+
+
+class UnsafeLoadError(ValueError):
+    """Loading would unpickle data; refused without ``allow_pickle=True``."""
+
+
+def load_model(model_zip: str | Path, env: VecEnv | None = None, *, allow_pickle: bool = False,
+               device: str = "cpu") -> Any:
+    """Load an SB3 PPO ``model.zip`` without executing code from the file.
+
+    SB3's own loader unpickles some entries of ``model.zip`` (spaces, schedules,
+    ``policy_kwargs``) with cloudpickle, which runs arbitrary code. Unless ``allow_pickle=True``
+    (only for files you created), the model is instead rebuilt from the ``config.yaml`` next to
+    it (Workbench writes ``model/config.yaml``) and only the weights are read, with
+    ``torch.load(weights_only=True)`` (PyTorch's restricted, tensors-only unpickler).
+    Without ``env`` a single evaluation env is made from the config.
+    """
+    import io
+    import zipfile
+
+    from stable_baselines3 import PPO
+
+    from workbench import envs, train
+
+    model_zip = Path(model_zip)
+    if allow_pickle:
+        return PPO.load(model_zip, env=env, device=device)
+    config_path = model_zip.parent / CONFIG_FILE
+    if not config_path.exists():
+        raise UnsafeLoadError(
+            f"{model_zip}: no {CONFIG_FILE} next to it to rebuild the model from; pass "
+            "allow_pickle=True (CLI: --allow-pickle) only if you created this file"
+        )
+    cfg = config_from_yaml(config_path.read_text())
+    cfg.device = device
+    env = env if env is not None else envs.make_eval_env(train.env_spec(cfg))
+    model = train.build_model(cfg, env)
+    with zipfile.ZipFile(model_zip) as archive:
+        weights = torch.load(io.BytesIO(archive.read("policy.pth")), map_location=device,
+                             weights_only=True)
+        data = json.loads(archive.read("data").decode())
+    model.policy.load_state_dict(weights)
+    if isinstance(data.get("num_timesteps"), int):
+        model.num_timesteps = data["num_timesteps"]
+    return model
+
+
+def load_vecnormalize(path: str | Path, venv: VecEnv, *, allow_pickle: bool = False) -> VecEnv:
+    """``VecNormalize.load`` (a pickle file) only with ``allow_pickle=True``.
+
+    Prefer the statistics in a checkpoint's ``arrays.safetensors`` (see
+    :func:`vecnormalize_state`), which cannot execute code.
+    """
+    if not allow_pickle:
+        raise UnsafeLoadError(
+            f"{path}: vecnormalize.pkl is a pickle and can execute code when loaded; pass "
+            "allow_pickle=True (CLI: --allow-pickle) only for files you created"
+        )
+    return VecNormalize.load(str(path), venv)

@@ -1,0 +1,540 @@
+"""The run's outbox: tracking writes that survive an unreachable or locked store.
+
+Design (issue 6: "does not die after minutes of retries, does not silently drop metrics"):
+
+1. **Journal first.** Every write a training makes to its MLflow run (metric batches, tags,
+   the final status, artifacts such as checkpoints and the model) is first appended to a local
+   journal, ``experiments/outbox/<run_id>/journal.jsonl`` (artifact files are copied next to
+   it). Nothing that was journaled can be lost, not even by a SIGKILL.
+2. **Deliver in the background.** A thread sends the journaled writes to the store in order
+   and acknowledges each in the journal. Training never waits for the store: when it is down
+   or locked, the thread retries with a capped backoff (0.5 s doubling to 15 s) while training
+   goes on; MLflow's own HTTP retries are shortened for the run so one attempt fails fast.
+3. **Drain at the end.** When the run ends the client waits up to ``drain_timeout_s`` for the
+   queue to empty. Whatever the store still has not accepted stays in the outbox and
+   ``workbench runs sync`` (or resuming the run) delivers it later; the console says so.
+
+Replays are idempotent: metrics carry their original timestamp and step (MLflow ignores an
+identical metric row), tags and the status are last-write-wins, artifacts are overwritten.
+MLflow's own asynchronous logging (``synchronous=False``) is not used because it neither
+persists pending writes nor retries them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from workbench import paths, tracking
+
+JOURNAL = "journal.jsonl"
+STORE_FILE = "store.json"
+LOCK_FILE = "lock"
+
+# Error codes that mean "the store answered and refuses this write": retrying cannot help.
+PERMANENT_ERRORS = {
+    "INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS",
+    "INVALID_STATE", "BAD_REQUEST", "PERMISSION_DENIED", "UNAUTHENTICATED",
+}
+
+# One HTTP attempt must fail fast; the outbox does the retrying (MLflow's defaults retry for
+# about four minutes per request). Only set where the user has not chosen values.
+FAST_FAIL_HTTP = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
+}
+
+HEARTBEAT_TAG = "workbench.heartbeat"
+
+
+def outbox_root() -> Path:
+    """Where outboxes live: ``experiments/outbox``."""
+    return paths.experiments_dir() / "outbox"
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """True when the store rejected a write (not a connection or lock problem)."""
+    return isinstance(exc, MlflowException) and exc.error_code in PERMANENT_ERRORS
+
+
+def short_error(exc: BaseException, limit: int = 200) -> str:
+    """First line of an exception, for console messages."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return tracking.truncate(f"{type(exc).__name__}: {text}", limit)
+
+
+# --------------------------------------------------------------------------- journal
+
+
+@dataclass
+class Journal:
+    """Append-only record of one run's writes and their acknowledgements."""
+
+    folder: Path
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def path(self) -> Path:
+        return self.folder / JOURNAL
+
+    def files(self, seq: int) -> Path:
+        """Folder holding the artifact files of write ``seq``."""
+        return self.folder / "files" / str(seq)
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        """Append one JSON line and flush it to the OS (survives a kill of this process)."""
+        line = json.dumps(record, separators=(",", ":"))
+        with self.lock, self.path.open("a") as handle:
+            handle.write(line + "\n")
+
+    def pending(self) -> list[dict[str, Any]]:
+        """Journaled writes without an acknowledgement, in order (a torn last line is ignored)."""
+        if not self.path.exists():
+            return []
+        writes: dict[int, dict[str, Any]] = {}
+        for line in self.path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # the process died while writing this line: it was never queued
+            if "ack" in record:
+                writes.pop(record["ack"], None)
+            else:
+                writes[record["seq"]] = record
+        return [writes[seq] for seq in sorted(writes)]
+
+    def last_seq(self) -> int:
+        """Highest sequence number written so far (0 for a new journal)."""
+        if not self.path.exists():
+            return 0
+        seqs = [0]
+        for line in self.path.read_text().splitlines():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                seqs.append(int(json.loads(line).get("seq", 0)))
+        return max(seqs)
+
+
+@contextlib.contextmanager
+def locked(folder: Path) -> Iterator[bool]:
+    """Hold the outbox's lock (False when another live process holds it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = (folder / LOCK_FILE).open("a")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+    finally:
+        handle.close()
+
+
+# --------------------------------------------------------------------------- applying writes
+
+
+def encode_batch(
+    metrics: Sequence[Metric], params: Sequence[Param], tags: Sequence[RunTag]
+) -> dict[str, Any]:
+    """A ``log_batch`` call as a journal record."""
+    return {
+        "op": "log_batch",
+        "metrics": [[m.key, m.value, m.timestamp, m.step] for m in metrics],
+        "params": [[p.key, p.value] for p in params],
+        "tags": [[t.key, t.value] for t in tags],
+    }
+
+
+def apply(client: MlflowClient, run_id: str, record: Mapping[str, Any], journal: Journal) -> None:
+    """Perform one journaled write against the store (raises on failure)."""
+    op = record["op"]
+    if op == "log_batch":
+        metrics = [Metric(k, float(v), int(t), int(step)) for k, v, t, step in record["metrics"]]
+        MlflowClient.log_batch(
+            client,
+            run_id,
+            metrics=metrics,
+            params=[Param(k, v) for k, v in record["params"]],
+            tags=[RunTag(k, v) for k, v in record["tags"]],
+        )
+    elif op == "set_terminated":
+        MlflowClient.set_terminated(client, run_id, record["status"], record["end_time"])
+    elif op == "log_artifacts":
+        folder = journal.files(record["seq"])
+        MlflowClient.log_artifacts(client, run_id, str(folder), record.get("artifact_path"))
+    elif op == "delete_artifacts":
+        delete_artifacts(client, run_id, record["artifact_path"])
+    else:
+        raise ValueError(f"unknown outbox operation {op!r}")
+
+
+def delete_artifacts(client: MlflowClient, run_id: str, artifact_path: str) -> None:
+    """Delete a run's artifact folder through the store's artifact repository."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    artifact_uri = MlflowClient.get_run(client, run_id).info.artifact_uri
+    repo = get_artifact_repository(artifact_uri, tracking_uri=client.tracking_uri)
+    repo.delete_artifacts(artifact_path)
+
+
+# --------------------------------------------------------------------------- the client
+
+
+class DeliveryClient(MlflowClient):
+    """An ``MlflowClient`` for one training run whose writes go through the outbox.
+
+    Reads (``get_run``, ``list_artifacts``...) go straight to the store. Writes return at once;
+    they are journaled and delivered in order by a background thread. ``skip_logged`` maps
+    metric keys to the last step the store already holds for them: after a resume the
+    iterations between the checkpoint and the interruption are recomputed, and their values
+    (identical on the same machine) are not logged twice.
+    """
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        run_id: str,
+        *,
+        skip_logged: Mapping[str, int] | None = None,
+        drain_timeout_s: float = 10.0,
+        folder: Path | None = None,
+    ) -> None:
+        super().__init__(tracking_uri=tracking_uri)
+        self.run_id = run_id
+        self.uri = tracking_uri
+        self.skip_logged = dict(skip_logged or {})
+        self.drain_timeout_s = drain_timeout_s
+        self.journal = Journal(folder or outbox_root() / run_id)
+        self.journal.folder.mkdir(parents=True, exist_ok=True)
+        self._lock_handle = (self.journal.folder / LOCK_FILE).open("a")
+        try:
+            fcntl.flock(self._lock_handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            self._lock_handle.close()
+            raise RuntimeError(
+                f"run {run_id} is being recorded by another live process "
+                f"(outbox {self.journal.folder} is locked)"
+            ) from exc
+        (self.journal.folder / STORE_FILE).write_text(
+            json.dumps({"tracking_uri": tracking.redact_uri(tracking_uri), "run_id": run_id})
+        )
+        self.queue: deque[dict[str, Any]] = deque(self.journal.pending())
+        self.seq = self.journal.last_seq()
+        self.cond = threading.Condition()
+        self.wake = threading.Event()
+        self.closing = False
+        self.outage_since: float | None = None
+        self.last_error: BaseException | None = None
+        self.delivered = 0
+        self.rejected: list[str] = []
+        self._saved_env = {k: os.environ.get(k) for k in FAST_FAIL_HTTP}
+        for key, value in FAST_FAIL_HTTP.items():
+            os.environ.setdefault(key, value)
+        self.thread = threading.Thread(target=self._deliver, name="workbench-outbox", daemon=True)
+        self.thread.start()
+
+    # ----------------------------------------------------------------- writes (MlflowClient API)
+
+    def log_batch(  # type: ignore[override]
+        self,
+        run_id: str,
+        metrics: Sequence[Metric] = (),
+        params: Sequence[Param] = (),
+        tags: Sequence[RunTag] = (),
+        synchronous: bool | None = None,
+    ) -> None:
+        metrics = [m for m in metrics if m.step > self.skip_logged.get(m.key, -1)]
+        if metrics or params or tags:
+            self._submit(run_id, encode_batch(metrics, params, tags))
+
+    def log_metric(  # type: ignore[override]
+        self,
+        run_id: str,
+        key: str,
+        value: float,
+        timestamp: int | None = None,
+        step: int | None = None,
+        synchronous: bool | None = None,
+        dataset_name: str | None = None,
+        dataset_digest: str | None = None,
+        model_id: str | None = None,
+    ) -> None:
+        if dataset_name or dataset_digest or model_id:  # MLflow's model-linked metrics
+            MlflowClient.log_metric(self, run_id, key, value, timestamp, step, synchronous,
+                                    dataset_name, dataset_digest, model_id)
+            return
+        now = timestamp if timestamp is not None else int(time.time() * 1000)
+        self.log_batch(run_id, metrics=[Metric(key, float(value), now, step or 0)])
+
+    def log_param(self, run_id: str, key: str, value: Any, synchronous: bool | None = None
+                  ) -> Any:
+        self.log_batch(run_id, params=[Param(key, tracking.truncate(value, 6000))])
+        return value
+
+    def set_tag(  # type: ignore[override]
+        self, run_id: str, key: str, value: Any, synchronous: bool | None = None
+    ) -> None:
+        self._submit(run_id, encode_batch([], [], [RunTag(key, str(value))]))
+
+    def set_terminated(
+        self, run_id: str, status: str | None = None, end_time: int | None = None
+    ) -> None:
+        end_time = end_time if end_time is not None else int(time.time() * 1000)
+        self._submit(run_id, {"op": "set_terminated", "status": status or "FINISHED",
+                              "end_time": end_time})
+
+    def log_artifacts(self, run_id: str, local_dir: str, artifact_path: str | None = None) -> None:
+        record = {"op": "log_artifacts", "artifact_path": artifact_path}
+        self._submit(run_id, record, copy_from=Path(local_dir))
+
+    def log_artifact(self, run_id: str, local_path: str, artifact_path: str | None = None) -> None:
+        source = Path(local_path)
+        if source.is_dir():
+            self.log_artifacts(run_id, local_path, artifact_path)
+            return
+        record = {"op": "log_artifacts", "artifact_path": artifact_path}
+        self._submit(run_id, record, copy_from=source)
+
+    def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
+        directory, _, name = artifact_file.rpartition("/")
+        record = {"op": "log_artifacts", "artifact_path": directory or None}
+        self._submit(run_id, record, text=(name, text))
+
+    def delete_artifacts(self, run_id: str, artifact_path: str) -> None:
+        """Delete an artifact folder of the run (after the writes queued before it)."""
+        self._submit(run_id, {"op": "delete_artifacts", "artifact_path": artifact_path})
+
+    def heartbeat(self) -> None:
+        """Stamp the run as alive (tag ``workbench.heartbeat``); never journaled or retried."""
+        with self.cond:
+            if any(r.get("op") == "heartbeat" for r in self.queue):
+                return
+            self.queue.append({"op": "heartbeat", "time": time.time()})
+            self.cond.notify()
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def pending(self) -> int:
+        """Writes not yet accepted by the store."""
+        with self.cond:
+            return sum(1 for r in self.queue if r["op"] != "heartbeat")
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the queue to empty; True when it did."""
+        deadline = time.monotonic() + timeout_s
+        self.wake.set()
+        with self.cond:
+            while self.queue and time.monotonic() < deadline:
+                self.cond.wait(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
+            return not self.queue
+
+    def close(self) -> int:
+        """Drain (up to ``drain_timeout_s``), stop the thread; returns writes left in the outbox."""
+        drained = self.flush(self.drain_timeout_s)
+        with self.cond:
+            self.closing = True
+            self.cond.notify_all()
+        self.wake.set()
+        self.thread.join(timeout=1.0 if drained else 0.1)
+        left = self.pending()
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        fcntl.flock(self._lock_handle, fcntl.LOCK_UN)
+        self._lock_handle.close()
+        if left == 0 and not self.thread.is_alive():
+            shutil.rmtree(self.journal.folder, ignore_errors=True)
+        else:
+            print(
+                f"workbench: warning: {left} tracking writes of run {self.run_id} could not "
+                f"reach the store {tracking.redact_uri(self.uri)} ("
+                f"{short_error(self.last_error) if self.last_error else 'timed out'}); they are "
+                f"kept in {self.journal.folder}: run `workbench runs sync` when it is back",
+                file=sys.stderr, flush=True,
+            )
+        return left
+
+    # ----------------------------------------------------------------- internals
+
+    def _submit(
+        self,
+        run_id: str,
+        record: dict[str, Any],
+        copy_from: Path | None = None,
+        text: tuple[str, str] | None = None,
+    ) -> None:
+        if run_id != self.run_id:  # not this run's write: no outbox, plain MLflow
+            self._direct(run_id, record, copy_from, text)
+            return
+        with self.cond:
+            self.seq += 1
+            record = {"seq": self.seq, **record}
+            if copy_from is not None or text is not None:
+                stage_files(self.journal.files(self.seq), copy_from, text)
+            self.journal.append(record)
+            self.queue.append(record)
+            self.cond.notify()
+
+    def _direct(
+        self, run_id: str, record: dict[str, Any], copy_from: Path | None,
+        text: tuple[str, str] | None,
+    ) -> None:
+        journal = Journal(self.journal.folder / "direct")
+        record = {"seq": 0, **record}
+        if copy_from is not None or text is not None:
+            stage_files(journal.files(0), copy_from, text)
+        try:
+            apply(self, run_id, record, journal)
+        finally:
+            shutil.rmtree(journal.folder, ignore_errors=True)
+
+    def _deliver(self) -> None:
+        failures = 0
+        while True:
+            with self.cond:
+                while not self.queue and not self.closing:
+                    self.cond.wait()
+                if not self.queue or (self.closing and failures):
+                    return
+                record = self.queue[0]
+            try:
+                self._send(record)
+            except Exception as exc:
+                if record["op"] == "heartbeat":
+                    self._done(record)
+                elif is_permanent(exc):
+                    self._reject(record, exc)
+                    continue
+                failures += 1
+                self._outage(exc)
+                self.wake.clear()
+                self.wake.wait(timeout=min(0.5 * 2 ** (failures - 1), 15.0))
+                continue
+            failures = 0
+            self._done(record)
+            if self.outage_since is not None:
+                print(
+                    f"workbench: tracking store reachable again after "
+                    f"{time.monotonic() - self.outage_since:.0f} s; delivering the outbox",
+                    file=sys.stderr, flush=True,
+                )
+                self.outage_since = None
+
+    def _send(self, record: Mapping[str, Any]) -> None:
+        if record["op"] == "heartbeat":
+            tag = RunTag(HEARTBEAT_TAG, f"{record['time']:.3f}")
+            MlflowClient.log_batch(self, self.run_id, tags=[tag])
+        else:
+            apply(self, self.run_id, record, self.journal)
+
+    def _done(self, record: Mapping[str, Any]) -> None:
+        if record["op"] != "heartbeat":
+            self.journal.append({"ack": record["seq"]})
+            shutil.rmtree(self.journal.files(record["seq"]), ignore_errors=True)
+            self.delivered += 1
+        with self.cond:
+            if self.queue and self.queue[0] is record:
+                self.queue.popleft()
+            self.cond.notify_all()
+
+    def _reject(self, record: Mapping[str, Any], exc: BaseException) -> None:
+        self.rejected.append(short_error(exc))
+        print(f"workbench: warning: the tracking store rejected a {record['op']} write of run "
+              f"{self.run_id}: {short_error(exc)}", file=sys.stderr, flush=True)
+        self._done(record)
+
+    def _outage(self, exc: BaseException) -> None:
+        self.last_error = exc
+        if self.outage_since is None:
+            self.outage_since = time.monotonic()
+            print(
+                f"workbench: warning: tracking store {tracking.redact_uri(self.uri)} not "
+                f"reachable ({short_error(exc)}); training continues, writes are kept in "
+                f"{self.journal.folder} and retried",
+                file=sys.stderr, flush=True,
+            )
+
+
+def stage_files(target: Path, copy_from: Path | None, text: tuple[str, str] | None) -> None:
+    """Copy an artifact file or folder (or write a text artifact) into the outbox."""
+    target.mkdir(parents=True, exist_ok=True)
+    if text is not None:
+        (target / text[0]).write_text(text[1])
+    elif copy_from is not None and copy_from.is_dir():
+        shutil.copytree(copy_from, target, dirs_exist_ok=True)
+    elif copy_from is not None:
+        shutil.copy2(copy_from, target / copy_from.name)
+
+
+# --------------------------------------------------------------------------- sync
+
+
+@dataclass
+class SyncResult:
+    """What ``workbench runs sync`` did for one outbox."""
+
+    run_id: str
+    delivered: int
+    left: int
+    note: str = ""
+
+
+def sync_outbox(client: MlflowClient, folder: Path) -> SyncResult:
+    """Deliver one outbox's pending writes to ``client``'s store, in order; remove it when empty."""
+    run_id = folder.name
+    with locked(folder) as acquired:
+        if not acquired:
+            return SyncResult(run_id, 0, -1, "in use by a running training; skipped")
+        journal = Journal(folder)
+        delivered = 0
+        pending = journal.pending()
+        for record in pending:
+            try:
+                apply(client, run_id, record, journal)
+            except Exception as exc:
+                if not is_permanent(exc):
+                    return SyncResult(run_id, delivered, len(pending) - delivered,
+                                      short_error(exc))
+                print(f"workbench: warning: run {run_id}: store rejected a {record['op']} "
+                      f"write: {short_error(exc)}", file=sys.stderr)
+            journal.append({"ack": record["seq"]})
+            delivered += 1
+    shutil.rmtree(folder, ignore_errors=True)
+    return SyncResult(run_id, delivered, 0)
+
+
+def outboxes(run_id: str | None = None) -> list[Path]:
+    """Outbox folders under ``experiments/outbox`` (one run's, or all)."""
+    root = outbox_root()
+    if not root.is_dir():
+        return []
+    found = sorted(p for p in root.iterdir() if (p / JOURNAL).exists() or (p / STORE_FILE).exists())
+    return [p for p in found if run_id is None or p.name == run_id]
+
+
+def recorded_uri(folder: Path) -> str | None:
+    """The (redacted) tracking URI an outbox was written for."""
+    with contextlib.suppress(OSError, ValueError):
+        return str(json.loads((folder / STORE_FILE).read_text())["tracking_uri"])
+    return None

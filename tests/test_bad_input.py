@@ -1,0 +1,174 @@
+"""The bad-input table: one line naming the input, exit 2, nothing started, nothing written.
+
+Config rows (typo, wrong type, unknown group option, unknown gymnasium id, num_envs=0,
+negative or too small total_timesteps, batch_size larger than the rollout, n_steps < 2) are
+tests/test_config.py::BAD_INPUT; the papermill parameter row is the sweep's. This file adds
+the rows about checkpoints, resume and the experiments directory.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from workbench import cli
+from workbench.config import ConfigError, load_config
+from workbench.train import train
+
+from .trained_run import FinishedRun, finished_run  # noqa: F401
+
+UNKNOWN_ID = "0123456789abcdef0123456789abcdef"
+
+
+def tree_state(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root`` with its size and modification time."""
+    if not root.exists():
+        return {}
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")
+            if p.is_file()}
+
+
+def assert_rejected(argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("workbench: error: ")
+    assert len(err.strip().splitlines()) == 1, err
+    assert expected in err, err
+
+
+# --------------------------------------------------------------------------- no store at all
+
+
+def test_resume_unknown_id_without_a_store(store: Path, capsys: pytest.CaptureFixture[str]
+                                           ) -> None:
+    assert_rejected(["train", f"resume={UNKNOWN_ID}"],
+                    f"resume={UNKNOWN_ID}: no such run in the tracking store", capsys)
+    assert not store.exists(), "no store may be created"
+
+
+def test_unwritable_experiments_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # A path below a regular file cannot be created, not even by root (CI runs as root, for
+    # whom permission bits would not stop a write).
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    experiments = blocker / "experiments"
+    monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(experiments))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{experiments / 'mlflow.db'}")
+    assert_rejected(["train", "env.num_envs=1", "algo.n_steps=64", "algo.batch_size=64",
+                     "total_timesteps=64"],
+                    f"experiments directory {experiments}: not writable (Not a directory); fix "
+                    "its permissions or set WORKBENCH_EXPERIMENTS to a writable directory", capsys)
+    assert blocker.read_text() == ""
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ("checkpoint.every_steps=-1", "checkpoint.every_steps=-1: must be >= 0"),
+    ("checkpoint.keep_last=-2", "checkpoint.keep_last=-2: must be >= 0"),
+    ("checkpoint.every=5", "checkpoint.every: unknown config key; did you mean "
+                           "checkpoint.every_steps?"),
+])
+def test_bad_checkpoint_settings(override: str, expected: str, store: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert_rejected(["train", override], expected, capsys)
+    assert not store.exists()
+
+
+# --------------------------------------------------------------------------- with a real run
+
+
+def corrupt_arrays(folder: Path) -> None:
+    data = bytearray((folder / "arrays.safetensors").read_bytes())
+    data[-10] ^= 0xFF
+    (folder / "arrays.safetensors").write_bytes(bytes(data))
+
+
+def truncate_arrays(folder: Path) -> None:
+    path = folder / "arrays.safetensors"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def truncate_state(folder: Path) -> None:
+    path = folder / "state.json"
+    path.write_text(path.read_text()[:100])
+
+
+RESUME_ROWS: list[tuple[str, list[str], Callable[[Path], None] | None, str]] = [
+    ("unknown id", [f"resume={UNKNOWN_ID}"], None,
+     f"resume={UNKNOWN_ID}: no such run in the tracking store"),
+    ("forbidden override", ["resume={run}", "env.num_envs=4"], None,
+     "env.num_envs: cannot be changed when resuming run {run} (a resumed run keeps its "
+     "configuration); only total_timesteps, console, checkpoint"),
+    ("group change", ["resume={run}", "env=hopper"], None,
+     "env: cannot be changed when resuming run {run}"),
+    ("nothing left to train", ["resume={run}"], None,
+     "resume={run}: the last checkpoint is at step 384, which reaches total_timesteps=384; "
+     "raise total_timesteps to train further"),
+    ("corrupt checkpoint", ["resume={run}", "total_timesteps=512"], corrupt_arrays,
+     "resume={run}: checkpoint checkpoints/step-000000000384 is corrupt: arrays.safetensors "
+     "does not match its recorded SHA-256 (truncated or modified)"),
+    ("truncated checkpoint", ["resume={run}", "total_timesteps=512"], truncate_arrays,
+     "is corrupt: arrays.safetensors does not match its recorded SHA-256"),
+    ("truncated state", ["resume={run}", "total_timesteps=512"], truncate_state,
+     "resume={run}: checkpoint checkpoints/step-000000000384 is corrupt: state.json is "
+     "truncated or not JSON"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "damage", "expected"),
+                         [row[1:] for row in RESUME_ROWS], ids=[row[0] for row in RESUME_ROWS])
+def test_bad_resume(overrides: list[str], damage: Callable[[Path], None] | None, expected: str,
+                    finished_run: FinishedRun, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+                    capsys: pytest.CaptureFixture[str]) -> None:
+    finished_run.use(monkeypatch)
+    folder = finished_run.artifacts() / "checkpoints" / "step-000000000384"
+    saved = {p.name: p.read_bytes() for p in folder.iterdir()}
+    try:
+        if damage:
+            damage(folder)
+        before = tree_state(finished_run.experiments)
+        argv = ["train", *(o.format(run=finished_run.run_id) for o in overrides)]
+        assert_rejected(argv, expected.format(run=finished_run.run_id), capsys)
+        assert tree_state(finished_run.experiments) == before, "nothing may be written"
+        run = MlflowClient(finished_run.uri).get_run(finished_run.run_id)
+        assert run.info.status == "FINISHED"
+    finally:
+        for name, content in saved.items():
+            (folder / name).write_bytes(content)
+
+
+def test_resume_of_a_live_run_is_refused(finished_run: FinishedRun,  # noqa: F811
+                                         monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    finished_run.use(monkeypatch)
+    client = MlflowClient(finished_run.uri)
+    client.update_run(finished_run.run_id, status="RUNNING")
+    client.set_tag(finished_run.run_id, "workbench.heartbeat", f"{time.time() - 5:.3f}")
+    try:
+        assert cli.main(["train", f"resume={finished_run.run_id}", "total_timesteps=512"]) == 2
+        err = capsys.readouterr().err
+        assert re.fullmatch(
+            rf"workbench: error: resume={finished_run.run_id}: the run is RUNNING with a "
+            r"heartbeat (\d+) s old \(its training may still be alive\); if its process is "
+            r"gone, mark it KILLED with `workbench runs reap --older-than \1`, then resume\n",
+            err), err
+    finally:
+        client.set_terminated(finished_run.run_id, "FINISHED")
+        client.delete_tag(finished_run.run_id, "workbench.heartbeat")
+
+
+def test_notebook_config_that_differs_from_the_run(finished_run: FinishedRun,  # noqa: F811
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """train(cfg) checks a hand-built resume config too (the notebook path)."""
+    finished_run.use(monkeypatch)
+    cfg = load_config(["total_timesteps=512", "env.num_envs=2", "algo.n_steps=64",
+                       "algo.batch_size=64"])
+    cfg.resume = finished_run.run_id
+    with pytest.raises(ConfigError, match=rf"^resume={finished_run.run_id}: algo.n_epochs=10 "
+                       r"differs from the run's 2; a resumed run keeps its configuration"):
+        train(cfg)
