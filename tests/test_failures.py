@@ -98,8 +98,9 @@ def test_crashed_worker_names_env_rank_and_cause(fault: str, cause: str, store: 
 
 
 def test_worker_that_cannot_make_its_env_is_named(store: Path) -> None:
-    with pytest.raises(faults.EnvWorkerError, match=r"worker rank 0 \(pid \d+\) crashed during "
-                       r"make: TypeError: .*unexpected keyword argument 'no_such_kwarg'"):
+    with pytest.raises(faults.EnvWorkerError, match=r"^environment HalfCheetah-v5 worker rank 0 "
+                       r"\(pid \d+\) crashed during make: TypeError: .*unexpected keyword "
+                       r"argument 'no_such_kwarg'"):
         envs.make_envs(envs.EnvSpec("HalfCheetah-v5", 2, "subproc", kwargs={"no_such_kwarg": 1}))
 
 

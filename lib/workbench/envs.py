@@ -76,7 +76,7 @@ def make_envs(spec: EnvSpec) -> VecEnv:
             robots.importable_id(spec.env_id),
             n_envs=spec.num_envs,
             seed=spec.seed,
-            vec_env_cls=faults.guarded(VEC_ENV_CLASSES[spec.vec_env]),
+            vec_env_cls=faults.guarded(VEC_ENV_CLASSES[spec.vec_env], spec.env_id),
             env_kwargs=env_kwargs,
             wrapper_class=randomization_wrapper(spec.randomization),
         )
@@ -109,7 +109,7 @@ def make_eval_env(
     venv = make_vec_env(
         robots.importable_id(spec.env_id), n_envs=1, seed=spec.seed + seed_offset,
         env_kwargs=env_kwargs, wrapper_class=randomization_wrapper(randomization),
-        vec_env_cls=faults.guarded(DummyVecEnv),
+        vec_env_cls=faults.guarded(DummyVecEnv, spec.env_id),
     )
     venv = faults.GuardedVecEnv(venv, spec.env_id)  # same wrapper depth as the training envs
     if spec.normalize:

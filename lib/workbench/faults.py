@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -208,7 +209,7 @@ def guard_factories(env_fns: Sequence[Callable[[], gymnasium.Env]], crash_dir: s
 class GuardedDummyVecEnv(DummyVecEnv):
     """SB3's ``DummyVecEnv`` whose envs are wrapped in :class:`EnvGuard`."""
 
-    def __init__(self, env_fns: list[Callable[[], gymnasium.Env]]) -> None:
+    def __init__(self, env_fns: list[Callable[[], gymnasium.Env]], env_id: str = "") -> None:
         self.crash_dir: str | None = None
         super().__init__(guard_factories(env_fns, None))
 
@@ -217,12 +218,12 @@ class GuardedSubprocVecEnv(SubprocVecEnv):
     """SB3's ``SubprocVecEnv`` whose workers report crashes and ignore SIGINT/SIGTERM."""
 
     def __init__(self, env_fns: list[Callable[[], gymnasium.Env]],
-                 start_method: str | None = None) -> None:
+                 start_method: str | None = None, env_id: str = "the environment") -> None:
         self.crash_dir = tempfile.mkdtemp(prefix="workbench-workers-")
         try:
             super().__init__(guard_factories(env_fns, self.crash_dir), start_method)
         except PIPE_ERRORS as exc:  # a worker died while making its env
-            error = worker_error(self, "make", env_fns_id(env_fns))
+            error = worker_error(self, "make", env_id)
             if hasattr(self, "processes"):
                 reap_workers(self)
             shutil.rmtree(self.crash_dir, ignore_errors=True)
@@ -245,25 +246,16 @@ class GuardedSubprocVecEnv(SubprocVecEnv):
             shutil.rmtree(self.crash_dir, ignore_errors=True)
 
 
-def env_fns_id(env_fns: Sequence[Any]) -> str:
-    """Best-effort task id for messages before the env exists (SB3's make_env closure)."""
-    with contextlib.suppress(Exception):
-        closure = getattr(env_fns[0], "__closure__", None) or ()
-        for cell in closure:
-            if isinstance(cell.cell_contents, str):
-                return str(cell.cell_contents)
-    return "the environment"
-
-
-GUARDED: dict[type[VecEnv], type[VecEnv]] = {
+GUARDED: dict[type[VecEnv], Any] = {
     DummyVecEnv: GuardedDummyVecEnv,
     SubprocVecEnv: GuardedSubprocVecEnv,
 }
 
 
-def guarded(vec_env_cls: type[VecEnv]) -> Any:
-    """The guarded counterpart of SB3's ``DummyVecEnv``/``SubprocVecEnv`` (for make_vec_env)."""
-    return GUARDED.get(vec_env_cls, vec_env_cls)
+def guarded(vec_env_cls: type[VecEnv], env_id: str) -> Any:
+    """``vec_env_cls`` for SB3's ``make_vec_env``: the guarded ``DummyVecEnv``/``SubprocVecEnv``."""
+    cls = GUARDED.get(vec_env_cls)
+    return functools.partial(cls, env_id=env_id) if cls is not None else vec_env_cls
 
 
 def write_report(crash_dir: str | None, rank: int, exc: BaseException, phase: str) -> None:
