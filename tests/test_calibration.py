@@ -87,7 +87,9 @@ def test_make_envs_resolves_auto(cache: Path) -> None:
     try:
         expected = calibration.choose_vec_env(envs.EnvSpec("Hopper-v5", 2, vec_env="auto"))
         kind = {"dummy": "DummyVecEnv", "subproc": "SubprocVecEnv", "envpool": "EnvPoolVecEnv"}
-        assert type(venv).__name__ == kind[expected.name]
+        # The backend sits under workbench.faults' NaN/crash guard, as a guarded subclass.
+        backend = type(venv.unwrapped).__mro__
+        assert kind[expected.name] in {cls.__name__ for cls in backend}
         assert venv.reset().shape == (2, 11)
     finally:
         venv.close()

@@ -31,8 +31,8 @@ from workbench.train import train
 from .conftest import ROOT, TINY, run_cli
 
 FAULTY = "tests.faulty_envs:WorkbenchTest/{}-v0"
-QUIET = [*TINY, "console.iteration_lines=false", "tracking.system_metrics=false",
-         "eval.every_steps=0", "checkpoint.every_steps=64"]
+QUIET = [*TINY, "env.vec_env=dummy", "console.iteration_lines=false",
+         "tracking.system_metrics=false", "eval.every_steps=0", "checkpoint.every_steps=64"]
 
 
 def only_run(client: MlflowClient):

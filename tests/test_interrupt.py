@@ -21,8 +21,9 @@ from workbench import checkpoint, runs
 
 from .conftest import ROOT, TINY, run_cli
 
-BASE = [*TINY, "console.iteration_lines=true", "tracking.system_metrics=false",
-        "eval.every_steps=0", "checkpoint.every_steps=128", "checkpoint.keep_last=2"]
+BASE = [*TINY, "env.vec_env=dummy", "console.iteration_lines=true",
+        "tracking.system_metrics=false", "eval.every_steps=0", "checkpoint.every_steps=128",
+        "checkpoint.keep_last=2"]
 
 
 class Training:

@@ -11,8 +11,9 @@ import pytest
 from tests.conftest import TINY
 
 # Tiny, with checkpoints every iteration (128 steps) and the newest two kept.
-CHECKPOINTED = [*TINY, "console.iteration_lines=false", "tracking.system_metrics=false",
-                "checkpoint.every_steps=128", "checkpoint.keep_last=2"]
+CHECKPOINTED = [*TINY, "env.vec_env=dummy", "console.iteration_lines=false",
+                "tracking.system_metrics=false", "checkpoint.every_steps=128",
+                "checkpoint.keep_last=2"]
 
 
 @dataclass(frozen=True)

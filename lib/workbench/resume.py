@@ -17,6 +17,7 @@ nothing left to train) is a :class:`ConfigError`: exit code 2 before anything st
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -213,3 +214,15 @@ def discard_incomplete(client: outbox.DeliveryClient, point: ResumePoint) -> Non
     """Remove checkpoint folders the interrupted process left without their state.json."""
     for path in point.incomplete:
         client.delete_artifacts(point.run_id, path)
+
+
+def same_backend(spec: Any, point: ResumePoint | None) -> Any:
+    """``spec`` with ``vec_env=auto`` pinned to the backend the run was trained with.
+
+    ``auto`` measures the machine (workbench.calibration) and could pick another backend
+    now; continuing on the same one is what keeps a resume exact.
+    """
+    chosen = point.run.data.params.get("derived.vec_env") if point else None
+    if spec.vec_env != "auto" or not chosen:
+        return spec
+    return dataclasses.replace(spec, vec_env=chosen)

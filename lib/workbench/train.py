@@ -96,7 +96,7 @@ def train(
         else tracking.ensure_experiment(client, cfg.tracking.experiment, uri)
     )
     # env.vec_env=auto is resolved here, once, before the run exists (calibration.py)
-    vec_choice = calibration.choose_vec_env(env_spec(cfg))
+    vec_choice = calibration.choose_vec_env(resume.same_backend(env_spec(cfg), resumed))
     threads = cfg.torch_threads or envs.auto_torch_threads(cfg.env.num_envs, vec_choice.name)
     torch.set_num_threads(threads)
     manifest.configure_determinism(cfg.repro.deterministic)
