@@ -70,8 +70,10 @@ def run_train_process(*overrides: str, timeout: float = 300) -> tuple[int, str, 
     [
         ("CrashingCheetah",
          "crashed during step: RuntimeError: simulated simulator fault at step 90"),
-        ("SegfaultingCheetah",
-         "killed by signal SIGSEGV (a native crash, no Python exception) during step"),
+        pytest.param(
+            "SegfaultingCheetah",
+            "killed by signal SIGSEGV (a native crash, no Python exception) during step",
+            marks=pytest.mark.slow),
     ],
 )
 def test_crashed_worker_names_env_rank_and_cause(fault: str, cause: str, store: Path) -> None:
@@ -182,6 +184,7 @@ class LockStore(BaseCallback):
         return True
 
 
+@pytest.mark.slow
 def test_locked_store_neither_stalls_nor_loses_metrics(store: Path) -> None:
     lock = LockStore(store / "mlflow.db", start=256, end=1024)
     result = train(load_config([*QUIET, "total_timesteps=1280"]), callbacks=[lock])

@@ -123,6 +123,7 @@ def test_sigterm_checkpoints_closes_workers_and_resume_continues(store: Path, tm
     assert steps["train/approx_kl"] == list(range(128, 1281, 128))
 
 
+@pytest.mark.slow
 def test_second_sigint_exits_immediately(store: Path, tmp_path: Path) -> None:
     # Rank 1's simulator hangs for 120 s in its 90th step (num_timesteps 180): the first
     # SIGINT can only wait for that step to end; the second one stops at once.
@@ -151,6 +152,7 @@ def test_second_sigint_exits_immediately(store: Path, tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- hard kill
 
 
+@pytest.mark.slow
 def test_sigkill_leaves_no_process_then_reap_and_resume(store: Path, tmp_path: Path) -> None:
     training = Training(tmp_path, *BASE, "env.vec_env=subproc", "total_timesteps=1280")
     training.wait_for(lambda: "| 512 steps |" in training.stdout)
