@@ -176,10 +176,18 @@ def test_two_by_two_sweep_with_two_workers_then_resume(store: Path) -> None:
         assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     assert "halfcheetah-ne2-ns128-s0  FINISHED" in proc.stdout  # the result table
 
+    # An attempt that was hard-killed left a point's run RUNNING with a stale heartbeat:
+    # resuming reaps it (KILLED) before skipping the finished points.
+    dead = client.create_run(parent.info.experiment_id, tags={
+        "sweep_id": sweep_id, "sweep.role": "child", "sweep.point": "halfcheetah-ne1-ns64-s0",
+        "workbench.heartbeat": f"{time.time() - 3600:.3f}"})
     again = run_cli(*args, env=CORES_2, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert ": 0 points (4 FINISHED earlier, skipped)" in again.stdout
-    assert len(runs_of("child")) == 4
+    assert f"1 point run(s) of a killed attempt marked KILLED (no heartbeat): {dead.info.run_id}" \
+        in again.stdout
+    assert client.get_run(dead.info.run_id).info.status == "KILLED"
+    assert sorted(r.info.status for r in runs_of("child")) == ["FINISHED"] * 4 + ["KILLED"]
     assert [r.info.run_id for r in runs_of("parent")] == [parent.info.run_id]
 
 

@@ -49,7 +49,7 @@ from typing import Any, Protocol
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from workbench import config, envs, paths, tracking
+from workbench import config, envs, paths, runs, tracking
 from workbench.config import ConfigError, SweepConfig, WorkbenchConfig
 
 NOTEBOOK = "notebooks/train.ipynb"  # relative to the project root of whichever machine runs it
@@ -320,6 +320,20 @@ def start_parent_run(client: MlflowClient, experiment_id: str, plan: SweepPlan) 
     run = client.create_run(experiment_id, run_name=plan.sweep_id, tags=tags)
     tracking.log_params(client, run.info.run_id, plan.grid_params())
     return run.info.run_id
+
+
+def reap_dead_points(plan: SweepPlan) -> list[str]:
+    """Before resuming: mark this sweep's points left RUNNING by a hard-killed attempt KILLED.
+
+    Only runs whose heartbeat is stale are touched (``workbench runs reap``), so the points of
+    the same sweep running live elsewhere (a second machine, a Ray worker) keep running.
+    """
+    reaped = runs.reap_stale_runs(plan.tracking_uri, experiment_names=[plan.experiment],
+                                  filter_string=child_filter(plan.sweep_id))
+    if reaped:
+        print(f"sweep {plan.sweep_id}: {len(reaped)} point run(s) of a killed attempt marked "
+              f"KILLED (no heartbeat): {', '.join(reaped)}", flush=True)
+    return reaped
 
 
 def finished_children(client: MlflowClient, experiment_id: str, sweep_id: str) -> dict[str, Run]:
@@ -928,6 +942,7 @@ def sweep_with(plan: SweepPlan, executor: Executor) -> SweepResult:
     started = time.perf_counter()
     client, experiment_id = prepare_store(plan.tracking_uri, plan.experiment)
     parent_id = start_parent_run(client, experiment_id, plan)
+    reap_dead_points(plan)
     earlier = finished_children(client, experiment_id, plan.sweep_id)
     todo = [p for p in plan.points if p.name not in earlier]
     outcomes = {name: outcome_from_run(name, SKIPPED, run, notebook=str(

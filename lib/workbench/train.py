@@ -196,8 +196,7 @@ def train(
     finally:
         close_envs(train_env, eval_env)
         faults.release_accelerator(model)
-        if monitor is not None:
-            monitor.finish()
+        stop_system_metrics(monitor)
         delivery.close()  # drains the outbox (see workbench.outbox)
 
     result = TrainResult(
@@ -341,6 +340,24 @@ def start_system_metrics(cfg: WorkbenchConfig, run_id: str, uri: str, resume: bo
     )
     monitor.start()
     return monitor
+
+
+def stop_system_metrics(monitor: Any) -> None:
+    """Stop the sampler and log its last, partial interval.
+
+    MLflow's monitor drops the samples collected since its last publish when it is stopped,
+    so a run shorter than one sampling interval would otherwise have no ``system/*`` at all.
+    """
+    if monitor is None:
+        return
+    monitor.finish()
+    try:
+        pending = monitor.aggregate_metrics()
+        if pending:
+            monitor.publish_metrics(pending)
+            monitor.mlflow_logger.flush()
+    except Exception as exc:  # system metrics never fail a run
+        print(f"warning: last system metrics sample not logged: {exc}", file=sys.stderr)
 
 
 def print_stopped(run_id: str, status: str, saved: str | None) -> None:
