@@ -112,10 +112,11 @@ def test_auto_is_the_default_and_is_logged(store: Path, cache: Path) -> None:
 @pytest.mark.parametrize(
     ("num_envs", "vec_env", "budget", "expected"),
     [
-        (8, "dummy", 2, 2),
-        (8, "envpool", 2, 2),  # EnvPool's threads sleep while the learner runs
+        (8, "dummy", 2, 1),  # one learner thread per 4 free cores, at least one
+        (8, "envpool", 2, 1),
         (8, "subproc", 2, 1),
-        (2, "subproc", 8, 6),
+        (16, "envpool", 16, 4),  # EnvPool's threads sleep while the learner runs
+        (2, "subproc", 16, 3),  # 14 cores left by the 2 workers
         (16, "subproc", 8, 1),
         (1, "dummy", 1, 1),
     ],

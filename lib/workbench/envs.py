@@ -147,16 +147,25 @@ def cpu_budget() -> int:
     return max(1, int(budget)) if budget else physical_cores()
 
 
+LEARNER_CORES_PER_THREAD = 4  # see auto_torch_threads
+
+
 def auto_torch_threads(num_envs: int, vec_env: str, budget: int | None = None) -> int:
     """Learner threads so that sampling workers + learner never oversubscribe the cores.
 
     With ``subproc`` each env worker is a busy process during rollouts, so the learner gets
-    what is left; with ``dummy`` sampling and learning alternate in one process.
+    what is left; with ``dummy`` and ``envpool`` sampling and learning alternate in one
+    process (EnvPool's threads sleep while the learner runs). Of the cores left, the learner
+    takes one thread per ``LEARNER_CORES_PER_THREAD``: PPO's small MLPs gain little from
+    intra-op threads, and OpenMP threads wait for each other at every operation, so one busy
+    core elsewhere stalls them all. Measured on 2 shared cores (README "Performance"): two
+    threads trained ~10% faster than one on an idle machine and 2-4x slower as soon as
+    another process wanted a core.
     """
     budget = budget or cpu_budget()
     if vec_env == "subproc":
         budget -= min(num_envs, budget - 1)
-    return max(1, budget)
+    return max(1, budget // LEARNER_CORES_PER_THREAD)
 
 
 def stop_worker_servers() -> None:
