@@ -31,6 +31,19 @@ SCHEMA_NAME = "workbench_schema"
 GROUPS = ("env", "algo", "experiment", "sweep", "tracking")
 
 
+def minibatch(num_envs: int, n_steps: int, minibatches: int) -> int:
+    """``${minibatch:${env.num_envs},${algo.n_steps},k}``: a k-th of the rollout (at least 2).
+
+    conf/algo/ppo.yaml sizes its minibatch this way, so overriding ``env.num_envs`` or
+    ``algo.n_steps`` keeps the same number of gradient steps per update (README "Performance").
+    """
+    return max(2, int(num_envs) * int(n_steps) // int(minibatches))
+
+
+# OmegaConf's extension point for computed values; replace=True makes re-imports harmless.
+OmegaConf.register_new_resolver("minibatch", minibatch, replace=True)
+
+
 class ConfigError(ValueError):
     """Bad configuration or arguments: one line naming the input, the problem and the fix."""
 
