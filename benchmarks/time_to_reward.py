@@ -242,16 +242,24 @@ def summarize(data: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             f"(not reached within {args.budget_s:.0f} s: '>')",
             ["config", "seeds", *[f">= {t:g}" for t in thresholds], "best return",
              "last return", "steps", "steps/s", "update share"], rows)
-        ratios = {}
+        ratios: dict[str, list[float]] = {}
+        bounds: dict[str, list[float]] = {}
         for base in ("zoo", "sb3"):
             if "workbench" in medians and base in medians:
+                pairs = list(zip(medians["workbench"], medians[base], strict=True))
                 ratios[f"workbench/{base}"] = [
-                    w / b if math.isfinite(b) else float("nan")
-                    for w, b in zip(medians["workbench"], medians[base], strict=True)]
-                shown = ", ".join(f">= {t:g}: {_ratio(r)}" for t, r in
-                                  zip(thresholds, ratios[f"workbench/{base}"], strict=True))
+                    w / b if math.isfinite(b) else float("nan") for w, b in pairs]
+                # a baseline that never got there within the budget: the ratio is below
+                # workbench time / budget (when the workbench got there)
+                bounds[f"workbench/{base}"] = [
+                    w / b if math.isfinite(b) else w / args.budget_s for w, b in pairs]
+                shown = ", ".join(
+                    f">= {t:g}: {_ratio(r, u)}" for t, r, u in
+                    zip(thresholds, ratios[f"workbench/{base}"], bounds[f"workbench/{base}"],
+                        strict=True))
                 print(f"  workbench / {base} time ratio: {shown}")
-        summary[task] = {"thresholds": thresholds, "median_s": medians, "ratios": ratios}
+        summary[task] = {"thresholds": thresholds, "median_s": medians, "ratios": ratios,
+                         "ratio_upper_bounds": bounds, "budget_s": args.budget_s}
     return summary
 
 
@@ -259,8 +267,12 @@ def _seconds(value: float) -> str:
     return f"{value:.0f}" if math.isfinite(value) else ">"  # not reached within the budget
 
 
-def _ratio(value: float) -> str:
-    return f"{value:.2f}" if math.isfinite(value) else "n/a (baseline not reached)"
+def _ratio(value: float, bound: float) -> str:
+    if math.isfinite(value):
+        return f"{value:.2f}"
+    if math.isfinite(bound):
+        return f"< {bound:.2f} (baseline not reached within the budget)"
+    return "n/a (neither reached)"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
