@@ -427,7 +427,7 @@ def test_init_config_needs_a_pinned_revision_and_a_matching_bundle(
     experiment = client.get_experiment_by_name("workbench")
     before = len(client.search_runs([experiment.experiment_id]))
     with pytest.raises(ConfigError, match=r"^algo.policy.pi=\[32\]: the bundle .* was trained "
-                                          r"with algo.policy.pi=\[64, 64\]; set "
-                                          r"algo.policy.pi=\[64,64\]"):
+                                          r"with algo.policy.pi=\[256, 256\]; set "
+                                          r"algo.policy.pi=\[256,256\]"):
         train(cfg)
     assert len(client.search_runs([experiment.experiment_id])) == before  # no run created
