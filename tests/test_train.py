@@ -58,7 +58,8 @@ def test_tiny_training_logs_everything(store: Path) -> None:
 
 def test_system_metrics_use_mlflow_sampler(store: Path) -> None:
     # a run shorter than one sampling interval still logs its one (partial) sample
-    overrides = ["total_timesteps=1280", "eval.every_steps=0", "tracking.system_metrics_interval_s=600"]
+    overrides = ["total_timesteps=1280", "eval.every_steps=0",
+                 "tracking.system_metrics_interval_s=600"]
     result = train(load_config([*TINY, *overrides]))
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     keys = set(client.get_run(result.run_id).data.metrics)
