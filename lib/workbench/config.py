@@ -160,7 +160,7 @@ class RayConfig:
 class CheckpointConfig:
     """Checkpoints in the run's artifacts (``checkpoints/step-<N>/``), for ``resume=<run_id>``."""
 
-    every_steps: int = 10_000  # write one every N env steps (0: only at the end, on stop/failure)
+    every_steps: int = 50_000  # write one every N env steps (0: only at the end, on stop/failure)
     keep_last: int = 3  # newest checkpoints kept in the run's artifacts (0: keep all)
 
 
