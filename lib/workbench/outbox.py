@@ -10,6 +10,10 @@ Design (issue 6: "does not die after minutes of retries, does not silently drop 
    and acknowledges each in the journal. Training never waits for the store: when it is down
    or locked, the thread retries with a capped backoff (0.5 s doubling to 15 s) while training
    goes on; MLflow's own HTTP retries are shortened for the run so one attempt fails fast.
+   Consecutive metric batches (one per PPO iteration) are merged into one ``log_batch`` call
+   at most every ``batch_interval_s`` (1 s): a call costs an SQLite store ~13 ms of CPU
+   whatever its size, which at several iterations per second took ~5% of a 2-core machine
+   from training.
 3. **Drain at the end.** When the run ends the client waits up to ``drain_timeout_s`` for the
    queue to empty. Whatever the store still has not accepted stays in the outbox and
    ``workbench runs sync`` (or resuming the run) delivers it later; the console says so.
@@ -164,6 +168,39 @@ def encode_batch(
     }
 
 
+MAX_MERGED_METRICS = 1000  # MLflow's limit per log_batch call
+
+
+def metric_batches(queue: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The head of the queue: one record, or the run of metric-only batches that starts it.
+
+    Params and tags are never merged (MLflow refuses duplicate keys within one batch); the
+    merged metrics stay within MLflow's per-call limit.
+    """
+    head = queue[0]
+    if not is_metric_only(head):
+        return [head]
+    run, count = [], 0
+    for record in queue:
+        if not is_metric_only(record) or count + len(record["metrics"]) > MAX_MERGED_METRICS:
+            break
+        run.append(record)
+        count += len(record["metrics"])
+    return run or [head]
+
+
+def is_metric_only(record: Mapping[str, Any]) -> bool:
+    """A ``log_batch`` record with metrics and nothing else."""
+    return (record.get("op") == "log_batch" and not record["params"] and not record["tags"]
+            and bool(record["metrics"]))
+
+
+def merge_metric_batches(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One ``log_batch`` record carrying the metrics of ``records``, in order."""
+    return {"op": "log_batch", "seq": records[-1]["seq"], "params": [], "tags": [],
+            "metrics": [m for record in records for m in record["metrics"]]}
+
+
 def apply(client: MlflowClient, run_id: str, record: Mapping[str, Any], journal: Journal) -> None:
     """Perform one journaled write against the store (raises on failure)."""
     op = record["op"]
@@ -216,6 +253,7 @@ class DeliveryClient(MlflowClient):
         *,
         skip_logged: Mapping[str, int] | None = None,
         drain_timeout_s: float = 10.0,
+        batch_interval_s: float = 1.0,
         folder: Path | None = None,
     ) -> None:
         super().__init__(tracking_uri=tracking_uri)
@@ -223,6 +261,8 @@ class DeliveryClient(MlflowClient):
         self.uri = tracking_uri
         self.skip_logged = dict(skip_logged or {})
         self.drain_timeout_s = drain_timeout_s
+        self.batch_interval_s = batch_interval_s
+        self.urgent = False  # flush/close: deliver without waiting for more to batch
         self.journal = Journal(folder or outbox_root() / run_id)
         self.journal.folder.mkdir(parents=True, exist_ok=True)
         self._lock_handle = (self.journal.folder / LOCK_FILE).open("a")
@@ -341,17 +381,21 @@ class DeliveryClient(MlflowClient):
     def flush(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for the queue to empty; True when it did."""
         deadline = time.monotonic() + timeout_s
+        self.urgent = True
         self.wake.set()
-        with self.cond:
-            while self.queue and time.monotonic() < deadline:
-                self.cond.wait(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
-            return not self.queue
+        try:
+            with self.cond:
+                while self.queue and time.monotonic() < deadline:
+                    self.cond.wait(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
+                return not self.queue
+        finally:
+            self.urgent = False
 
     def close(self) -> int:
         """Drain (up to ``drain_timeout_s``), stop the thread; returns writes left in the outbox."""
         drained = self.flush(self.drain_timeout_s)
         with self.cond:
-            self.closing = True
+            self.closing = self.urgent = True
             self.cond.notify_all()
         self.wake.set()
         self.thread.join(timeout=1.0 if drained else 0.1)
@@ -417,14 +461,19 @@ class DeliveryClient(MlflowClient):
                     self.cond.wait()
                 if not self.queue or (self.closing and failures):
                     return
-                record = self.queue[0]
+                records = metric_batches(self.queue)
+            record = merge_metric_batches(records) if len(records) > 1 else records[0]
             try:
                 self._send(record)
             except Exception as exc:
                 if record["op"] == "heartbeat":
                     self._done(record)
                 elif is_permanent(exc):
-                    self._reject(record, exc)
+                    if len(records) == 1:
+                        self._reject(record, exc)
+                    else:  # find the refused batch among the merged ones
+                        for each in records:
+                            self._retry_alone(each)
                     continue
                 failures += 1
                 self._outage(exc)
@@ -432,7 +481,11 @@ class DeliveryClient(MlflowClient):
                 self.wake.wait(timeout=min(0.5 * 2 ** (failures - 1), 15.0))
                 continue
             failures = 0
-            self._done(record)
+            for each in records:
+                self._done(each)
+            if record["op"] == "log_batch" and not self.urgent:
+                self.wake.wait(timeout=self.batch_interval_s)  # let the next batches gather
+                self.wake.clear()
             if self.outage_since is not None:
                 print(
                     f"workbench: tracking store reachable again after "
@@ -440,6 +493,15 @@ class DeliveryClient(MlflowClient):
                     file=sys.stderr, flush=True,
                 )
                 self.outage_since = None
+
+    def _retry_alone(self, record: Mapping[str, Any]) -> None:
+        """A merged batch was refused: send its parts one by one to reject only the bad one."""
+        try:
+            self._send(record)
+        except Exception as exc:
+            self._reject(record, exc)
+            return
+        self._done(record)
 
     def _send(self, record: Mapping[str, Any]) -> None:
         if record["op"] == "heartbeat":
