@@ -31,7 +31,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints/cpu.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "installing workbench into $(VENV) (torch: $(TORCH) build)..."
-	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[dev,team,ray]' 2> >(grep -v "^WARNING: Location" >&2)
+	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[dev,team,ray,fast]' 2> >(grep -v "^WARNING: Location" >&2)
 	$(PY) -m ipykernel install --sys-prefix --name workbench --display-name "Python (workbench)" >/dev/null
 	@touch $@
 

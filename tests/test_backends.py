@@ -1,12 +1,15 @@
 """Vectorization backends: dummy, subproc and envpool step, reset, seed and train alike.
 
-Real MuJoCo physics throughout; EnvPool is the optional extra ``fast`` (CI installs it, see
-.ci/run); without it the envpool cases are skipped with the install hint as the reason.
+Real MuJoCo physics throughout; EnvPool is the optional extra ``fast`` (``make setup``
+installs it on Linux x86_64); without it the envpool cases are skipped with the install hint
+as the reason.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -159,3 +162,17 @@ def test_envpool_missing_is_one_line_exit_2(store: Path, capsys: pytest.CaptureF
         f"{envpool_vec.INSTALL_HINT}, or choose env.vec_env=auto|dummy|subproc"
     )
     assert not store.exists()
+
+
+@needs_envpool
+def test_importing_envpool_leaves_the_environment_alone() -> None:
+    # envpool's import sets MPLBACKEND=Agg: papermill kernels started later drew no figures.
+    # A fresh interpreter, so that the import really runs.
+    code = ("import os; from workbench import envpool_vec; before = dict(os.environ); "
+            "envpool_vec.import_envpool(); print(sorted(set(os.environ.items()) ^ "
+            "set(before.items())))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MPL")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

@@ -30,9 +30,9 @@ import torch
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 from stable_baselines3 import PPO
-from workbench import config, export, hub
+from workbench import config, envs, export, hub
 from workbench.config import ConfigError, load_config
-from workbench.train import train
+from workbench.train import build_model, env_spec, train
 
 from .conftest import TINY, run_cli
 
@@ -410,7 +410,13 @@ def test_training_starts_from_a_pulled_bundle(
     trained = PPO.load(folder / "model.zip", device="cpu").policy.state_dict()
     for name, tensor in bundle_weights.items():
         assert torch.allclose(trained[name], tensor, atol=1e-6), name
-    fresh = PPO("MlpPolicy", "HalfCheetah-v5", seed=1, device="cpu").policy.state_dict()
+    # the same configuration without the bundle starts elsewhere
+    fresh_cfg = load_config([*NORMALIZED, "seed=1"])
+    fresh_env = envs.make_envs(env_spec(fresh_cfg))
+    try:
+        fresh = build_model(fresh_cfg, fresh_env).policy.state_dict()
+    finally:
+        fresh_env.close()
     assert not torch.allclose(fresh["action_net.weight"], bundle_weights["action_net.weight"])
 
 

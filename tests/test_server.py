@@ -185,7 +185,8 @@ def test_concurrent_trainings_log_complete_runs(team_server: TeamServer) -> None
             files = {f.path for f in client.list_artifacts(run.info.run_id)}
             assert {"manifest.json", "config.yaml", "model"} <= files
             assert {f.path for f in client.list_artifacts(run.info.run_id, "model")} == {
-                "model/config.yaml", "model/manifest.json", "model/model.zip"}
+                "model/config.yaml", "model/manifest.json", "model/model.zip",
+                "model/vecnormalize.pkl"}  # env.normalize is on by default
         assert sorted(r.data.tags["seed"] for r in runs) == ["0", "1"]
     # The rows really are in PostgreSQL.
     assert sorted(psql(team_server, "mlflow", "SELECT run_uuid FROM runs WHERE experiment_id = "

@@ -834,15 +834,16 @@ class RayExecutor:
 
         # max_retries: a task whose worker died runs again; execute_point then skips a point
         # that already FINISHED and closes the dead attempt's run (no duplicate runs).
-        task = ray.remote(execute_point_remote).options(
-            num_cpus=self.cpus_per_point, max_retries=2, retry_exceptions=False)
+        task = ray.remote(execute_point_remote)
+        options = {"num_cpus": self.cpus_per_point, "max_retries": 2, "retry_exceptions": False}
         pending = list(specs)
         inflight: dict[Any, PointSpec] = {}
         try:
             while pending or inflight:
                 while pending and len(inflight) < self.workers:
                     spec = pending.pop(0)
-                    inflight[task.options(name=f"workbench-sweep:{spec.point}").remote(spec)] = spec
+                    named = task.options(**options, name=f"workbench-sweep:{spec.point}")
+                    inflight[named.remote(spec)] = spec
                 ready, _ = ray.wait(list(inflight), num_returns=1)
                 for ref in ready:
                     report(self.collect(ref, inflight.pop(ref), out_dir))
