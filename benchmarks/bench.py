@@ -14,7 +14,7 @@ load average is printed and stored next to every table); the ratios are measured
 side, interleaved, and survive it.
 
     make bench                      # full suite (hours on 2 cores: see README "Performance")
-    make bench ARGS=--quick         # smoke version, < 2 minutes on an idle 2-core machine
+    make bench ARGS=--quick         # smoke version, ~3.5 minutes on an idle 2-core machine
     python benchmarks/bench.py --only physics train
     python benchmarks/bench.py --device cuda    # GPU server: the update runs on the GPU
 """
@@ -97,7 +97,7 @@ def summary_rows(parts: list[str]) -> list[list[Any]]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smoke version (< 2 minutes)")
+    parser.add_argument("--quick", action="store_true", help="smoke version (a few minutes)")
     parser.add_argument("--only", nargs="+", choices=PARTS, help="run only these parts")
     parser.add_argument("--device", default="cpu", help="cpu | cuda | auto (training parts)")
     args = parser.parse_args(argv)
