@@ -77,15 +77,22 @@ def measure_cphys(tasks: list[str], reps: int, seconds: float) -> dict[str, dict
 
 
 def measure_renv(env_id: str, backends: list[str], sizes: list[int], reps: int,
-                 seconds: float) -> dict[str, dict[int, list[float]]]:
-    """Interleaved: rep, then size, then backend."""
+                 seconds: float) -> tuple[dict[str, dict[int, list[float]]], list[float]]:
+    """Interleaved: rep, then the task's C_phys, then size, then backend.
+
+    Returns the stepping rates and the C_phys measured in each rep, so that every rate is
+    divided by the ceiling measured minutes apart from it, not by one from another moment
+    (on shared machines the speed drifts by +-20 % within minutes).
+    """
     from workbench import envpool_vec
     from workbench.calibration import stepping_rate
     from workbench.envs import EnvSpec, make_envs
 
     usable = [b for b in backends if b != "envpool" or envpool_vec.is_installed()]
     rates: dict[str, dict[int, list[float]]] = {b: {n: [] for n in sizes} for b in usable}
+    limits: list[float] = []
     for rep in range(reps):
+        limits.append(measure_cphys([env_id], 1, seconds)[env_id]["c_phys"])
         for n in sizes:
             for backend in usable:
                 venv = make_envs(EnvSpec(env_id, n, vec_env=backend, seed=rep))
@@ -94,7 +101,12 @@ def measure_renv(env_id: str, backends: list[str], sizes: list[int], reps: int,
                 finally:
                     venv.close()
         print(f"  R_env rep {rep + 1}/{reps} done ({harness.load_line()})", flush=True)
-    return rates
+    return rates, limits
+
+
+def paired_ratios(rates: list[float], limits: list[float]) -> list[float]:
+    """Each rep's rate over the same rep's C_phys."""
+    return [r / c for r, c in zip(rates, limits, strict=True)]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -121,20 +133,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         [[t, v["mj_steps_per_s_per_core"], v["frame_skip"], v["c_phys"]]
          for t, v in cphys.items()])
 
-    if args.env_id not in cphys:
-        cphys.update(measure_cphys([args.env_id], reps, seconds))
-    limit = cphys[args.env_id]["c_phys"]
-    rates = measure_renv(args.env_id, args.backends, sizes, reps, seconds)
-    renv = {b: {n: harness.median(v) / limit for n, v in per.items()} for b, per in rates.items()}
+    rates, limits = measure_renv(args.env_id, args.backends, sizes, reps, seconds)
+    renv = {b: {n: harness.median(paired_ratios(v, limits)) for n, v in per.items()}
+            for b, per in rates.items()}
     harness.print_table(
-        f"R_env = vectorized random-action env-steps/s / C_phys ({limit:.0f}), {args.env_id}, "
-        f"median of {reps}",
+        f"R_env = vectorized random-action env-steps/s / C_phys of the same rep "
+        f"(C_phys {harness.median(limits):.0f} median), {args.env_id}, median of {reps}",
         ["backend", *[f"{n} envs" for n in sizes], "best steps/s"],
         [[b, *[renv[b][n] for n in sizes], max(harness.median(v) for v in rates[b].values())]
          for b in rates])
     best_at_max = max(renv[b][max(sizes)] for b in renv)
     print(f"  best R_env at {max(sizes)} envs: {best_at_max:.2f} (target >= 0.5)")
-    data = {"c_phys": cphys, "r_env": renv, "rates": rates, "env_id": args.env_id,
+    data = {"c_phys": cphys, "r_env": renv, "rates": rates, "c_phys_per_rep": limits,
+            "env_id": args.env_id,
             "args": vars(args), "best_r_env_at_max_envs": best_at_max}
     path = harness.write_results("physics", data)
     print(f"results: {path}  ({harness.load_line()})")

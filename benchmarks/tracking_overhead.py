@@ -1,11 +1,14 @@
 """Tracking overhead: ``workbench train`` vs a bare SB3 script, same configuration.
 
-Each repetition runs both, interleaved (bare, workbench, bare, ...), each in a fresh process,
-so machine-load drift hits both alike. Printed: the median training wall time of each, their
+Each repetition runs both, each in a fresh process, in alternating order (bare first in odd
+repetitions, workbench first in even ones), so machine-load drift hits both alike; the ratio is
+the median of the per-repetition ratios. Printed: the median training wall time of each, their
 ratio (target <= 1.03), end-to-end process time, and peak RSS of each process.
 
-    python benchmarks/tracking_overhead.py                 # 8 envs, n_steps 256, 50k steps, 3 reps
+    python benchmarks/tracking_overhead.py                 # 8 envs, n_steps 256, 50k steps, 4 reps
     python benchmarks/tracking_overhead.py --steps 20000 --reps 2
+    python benchmarks/tracking_overhead.py --workbench-overrides tracking.system_metrics=false
+                                          # ablation: what one part of the workbench costs
 """
 
 from __future__ import annotations
@@ -69,7 +72,10 @@ def main() -> None:
     parser.add_argument("--n-steps", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--steps", type=int, default=50_000)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=4)
+    parser.add_argument("--workbench-overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="extra overrides for the workbench side (ablations), e.g. "
+                             "console.progress_bar=false tracking.system_metrics=false")
     parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare:
@@ -89,15 +95,21 @@ def main() -> None:
               f"algo.batch_size={args.batch_size}", f"total_timesteps={args.steps}",
               "eval.final_episodes=0", "device=cpu",
               # the bare script's setting, whatever conf/ defaults to (issue 8 changed them)
-              "algo=ppo_sb3", "env.normalize=false", "env.vec_env=dummy"]
+              "algo=ppo_sb3", "env.normalize=false", "env.vec_env=dummy",
+              *args.workbench_overrides]
     rows: dict[str, list[dict[str, float]]] = {"bare": [], "workbench": []}
     for rep in range(args.reps):
-        bare = run_child(bare_cmd, env)
-        bare["train_s"] = json.loads(str(bare.pop("stdout")).strip().splitlines()[-1])["train_s"]
-        rows["bare"].append(bare)
-        wb = run_child(wb_cmd, env)
-        wb["train_s"] = workbench_train_s(str(wb.pop("stdout")).strip().splitlines()[-1], uri)
-        rows["workbench"].append(wb)
+        for name in ("bare", "workbench") if rep % 2 == 0 else ("workbench", "bare"):
+            if name == "bare":
+                bare = run_child(bare_cmd, env)
+                out = str(bare.pop("stdout")).strip().splitlines()[-1]
+                bare["train_s"] = json.loads(out)["train_s"]
+                rows["bare"].append(bare)
+            else:
+                wb = run_child(wb_cmd, env)
+                wb["train_s"] = workbench_train_s(str(wb.pop("stdout")).strip().splitlines()[-1],
+                                                  uri)
+                rows["workbench"].append(wb)
         print(f"rep {rep + 1}/{args.reps}: bare {bare['train_s']:.1f}s, "
               f"workbench {wb['train_s']:.1f}s", flush=True)
 
@@ -105,7 +117,7 @@ def main() -> None:
     ratios = [w["train_s"] / b["train_s"] for b, w in zip(rows["bare"], rows["workbench"],
                                                            strict=True)]
     print(f"\n{args.env_id}, {args.num_envs} envs, n_steps {args.n_steps}, "
-          f"{args.steps} steps, {args.reps} interleaved repetitions (medians)")
+          f"{args.steps} steps, {args.reps} repetitions in alternating order (medians)")
     print(f"{'':<10} {'train s':>9} {'process s':>10} {'peak RSS MiB':>13}")
     for name in ("bare", "workbench"):
         m = med[name]

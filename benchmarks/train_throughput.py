@@ -1,6 +1,7 @@
 """R_train: the workbench's own overhead on PPO training throughput, per configuration/backend.
 
-For each configuration and backend, two fresh processes per repetition, interleaved:
+For each configuration and backend, two fresh processes per repetition, interleaved, in
+alternating order (bare first in odd repetitions, workbench first in even ones):
 
 - ``bare``: the same SB3 ``PPO`` object the workbench builds (``workbench.train.build_model``
   over ``workbench.envs.make_envs``: SB3's ``make_vec_env`` or the EnvPool adapter, plus
@@ -111,12 +112,13 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             for backend in args.backends:
                 overrides = [*CONFIGS[name], f"env.vec_env={backend}", f"device={args.device}"]
                 pair = {}
-                for kind in ("bare", "workbench"):
-                    pair[kind] = run_one(kind, overrides, args.steps, env, uri)
-                    rows.append({"config": name, "backend": backend, "kind": kind, "rep": rep,
-                                 **pair[kind]})
+                # alternating order: drift within a pair favours neither side
+                for kind in ("bare", "workbench") if rep % 2 == 0 else ("workbench", "bare"):
+                    pair[kind] = {"config": name, "backend": backend, "kind": kind, "rep": rep,
+                                  **run_one(kind, overrides, args.steps, env, uri)}
+                    rows.append(pair[kind])
                 ratio = pair["workbench"]["steps_per_s"] / pair["bare"]["steps_per_s"]
-                rows[-1]["r_train"] = ratio
+                pair["workbench"]["r_train"] = ratio
                 print(f"rep {rep + 1}/{args.reps} {name:<16} {backend:<8} bare "
                       f"{pair['bare']['steps_per_s']:.0f} steps/s, workbench "
                       f"{pair['workbench']['steps_per_s']:.0f} steps/s, R_train {ratio:.3f} "

@@ -125,7 +125,7 @@ class TrackingConfig:
     experiment: str = "workbench"  # MLflow experiment name
     run_name: str | None = None  # None: derived from env, num_envs, n_steps and seed
     system_metrics: bool = True  # MLflow's built-in CPU/memory/GPU sampler
-    system_metrics_interval_s: float = 5.0
+    system_metrics_interval_s: float = 10.0  # seconds between samples (MLflow's default)
     tags: dict[str, str] = field(default_factory=dict)  # extra run tags
 
 
