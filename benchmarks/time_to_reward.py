@@ -24,6 +24,11 @@ publishes 5819 +- 664 at 1M steps) and Hopper 1000 / 2000 (the zoo's Hopper reac
     python benchmarks/time_to_reward.py --tasks halfcheetah --seeds 0 1 2 --budget-s 600
     python benchmarks/time_to_reward.py --tasks halfcheetah --contestant \\
         wide=env.num_envs=16,algo.n_steps=64 --only workbench wide
+    python benchmarks/time_to_reward.py --rescore benchmarks/results/time_to_reward.json \\
+        --thresholds 500 900   # re-read finished runs' evaluation curves at other thresholds
+
+Rescoring reads the recorded evaluations again (no training): a run stopped at its last
+threshold or budget, so only thresholds at or below what it reached are meaningful.
 """
 
 from __future__ import annotations
@@ -215,6 +220,20 @@ def reach_s(run: dict[str, Any], threshold: float) -> float:
     return hit["train_s"] if hit else math.inf
 
 
+def rescore(data: dict[str, Any], thresholds: list[float]) -> dict[str, Any]:
+    """The same runs, with ``reached`` recomputed from their evaluations for ``thresholds``."""
+    runs = []
+    for run in data["runs"]:
+        reached: dict[str, dict[str, float]] = {}
+        for threshold in thresholds:
+            hit = next((e for e in run["evals"] if e["return"] >= threshold), None)
+            if hit is not None:
+                reached[str(float(threshold))] = {"train_s": hit["train_s"],
+                                                  "steps": hit["steps"]}
+        runs.append({**run, "thresholds": thresholds, "reached": reached})
+    return {"runs": runs, "rescored_from": data.get("args", {})}
+
+
 def best_return(run: dict[str, Any]) -> float:
     return max((e["return"] for e in run["evals"]), default=float("nan"))
 
@@ -291,8 +310,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         metavar="NAME=OVERRIDE,OVERRIDE",
                         help="add a workbench configuration: env=<task> plus these overrides")
     parser.add_argument("--only", nargs="+", help="run only these contestants")
+    parser.add_argument("--rescore", type=Path, metavar="RESULTS_JSON",
+                        help="re-read a finished run's evaluation curves at --thresholds")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.rescore is not None:
+        if not args.rescore.is_file():
+            parser.error(f"--rescore {args.rescore}: no such file; give a time_to_reward.json")
+        if not args.thresholds:
+            parser.error("--rescore needs --thresholds, e.g. --thresholds 500 900")
     quick = args.quick
     defaults = {"tasks": ["halfcheetah"] if quick else ["halfcheetah", "hopper"],
                 "seeds": [0] if quick else [0, 1, 2], "budget_s": 12.0 if quick else 900.0,
@@ -309,13 +335,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.child:
         child(json.loads(args.child))
         return {}
-    print(f"time to reward: tasks {args.tasks}, seeds {args.seeds}, budget {args.budget_s:.0f} "
-          f"training s per run, eval every {args.eval_every} steps x {args.episodes} episodes; "
-          f"{harness.load_line()}", flush=True)
-    data = measure(args)
+    if args.rescore is not None:
+        data = rescore(json.loads(args.rescore.read_text()), args.thresholds)
+        recorded = data["rescored_from"]
+        args.tasks = list(dict.fromkeys(r["task"] for r in data["runs"]))
+        args.budget_s = recorded.get("budget_s", args.budget_s)
+        name = "time_to_reward_rescored"
+    else:
+        print(f"time to reward: tasks {args.tasks}, seeds {args.seeds}, budget "
+              f"{args.budget_s:.0f} training s per run, eval every {args.eval_every} steps x "
+              f"{args.episodes} episodes; {harness.load_line()}", flush=True)
+        data = measure(args)
+        name = "time_to_reward"
     data["summary"] = summarize(data, args)
-    data["args"] = vars(args)
-    path = harness.write_results("time_to_reward", data)
+    data["args"] = {**vars(args), "rescore": str(args.rescore) if args.rescore else None}
+    path = harness.write_results(name, data)
     print(f"results: {path}  ({harness.load_line()})")
     return data
 

@@ -56,3 +56,69 @@ def test_make_bench_quick_runs_end_to_end(tmp_path: Path) -> None:
     measures = [row["measure"] for row in bench["summary"]]
     assert measures[:3] == ["best R_env at 16 envs (HalfCheetah-v5)", "lowest R_train",
                             "tracking overhead (workbench/bare wall time)"]
+
+
+@pytest.mark.slow
+def test_final_return_trains_seeds_side_by_side(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "final_return.py"), "--steps", "2048",
+         "--seeds", "0", "1", "--parallel", "2", "--episodes", "1",
+         "env.num_envs=2", "algo.n_steps=64", "env.vec_env=dummy"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "WORKBENCH_BENCH_RESULTS": str(results)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rl-baselines3-zoo publishes 5819 +- 664" in proc.stdout
+    data = json.loads((results / "final_return_halfcheetah.json").read_text())
+    assert [r["seed"] for r in data["runs"]] == [0, 1]
+    assert all(math.isfinite(r["final_return"]) and r["vec_env"] == "dummy"
+               for r in data["runs"])
+    assert len({r["run_id"] for r in data["runs"]}) == 2
+
+
+def test_final_return_rejects_no_parallelism() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "final_return.py"), "--parallel", "0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "--parallel 0: must be at least 1" in proc.stderr
+
+
+def test_time_to_reward_rescore_reads_recorded_curves(tmp_path: Path) -> None:
+    def run(contestant: str, curve: list[tuple[float, float]]) -> dict[str, object]:
+        return {"task": "hopper", "seed": 0, "contestant": contestant, "thresholds": [2000.0],
+                "reached": {}, "steps": 30_000, "fps": 1000.0, "update_share": 0.3,
+                "evals": [{"steps": 10_000 * (i + 1), "train_s": t, "return": r}
+                          for i, (t, r) in enumerate(curve)]}
+
+    recorded = tmp_path / "time_to_reward.json"
+    recorded.write_text(json.dumps({"args": {"budget_s": 120.0}, "runs": [
+        run("workbench", [(10.0, 300.0), (20.0, 950.0), (30.0, 990.0)]),
+        run("zoo", [(40.0, 200.0), (80.0, 600.0), (120.0, 700.0)]),
+    ]}))
+    results = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "time_to_reward.py"), "--rescore",
+         str(recorded), "--thresholds", "500", "900"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "WORKBENCH_BENCH_RESULTS": str(results)},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((results / "time_to_reward_rescored.json").read_text())["summary"]
+    assert summary["hopper"]["median_s"] == {"workbench": [20.0, 20.0],
+                                             "zoo": [80.0, math.inf]}
+    assert summary["hopper"]["ratios"]["workbench/zoo"][0] == 0.25
+    assert summary["hopper"]["ratio_upper_bounds"]["workbench/zoo"][1] == 20.0 / 120.0
+
+
+def test_time_to_reward_rescore_needs_thresholds(tmp_path: Path) -> None:
+    recorded = tmp_path / "time_to_reward.json"
+    recorded.write_text("{}")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "time_to_reward.py"), "--rescore",
+         str(recorded)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "--rescore needs --thresholds" in proc.stderr
