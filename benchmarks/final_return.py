@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     store = Path(tempfile.mkdtemp(prefix="wb-final-"))
     uri = f"sqlite:///{store / 'mlflow.db'}"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "WORKBENCH_EXPERIMENTS": str(store)}
+    from workbench.sweep import prepare_store
+
+    # Created, migrated and switched to write-ahead logging once, before the seeds fan out.
+    prepare_store(uri, "workbench")
     print(f"final return: {args.task}, {args.steps} steps, seeds {args.seeds}, "
           f"{args.parallel} at a time; {harness.load_line()}", flush=True)
     runs = run_seeds(args, env)

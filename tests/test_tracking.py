@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from workbench import tracking
@@ -60,3 +63,25 @@ def test_env_uri_wins(monkeypatch) -> None:
     assert tracking.resolve_tracking_uri("sqlite:///b.db") == "sqlite:///a.db"
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     assert tracking.resolve_tracking_uri("sqlite:///b.db") == "sqlite:///b.db"
+
+
+FIRST_REQUEST = """
+import sys
+from workbench import tracking
+uri = sys.argv[1]
+client = tracking.make_client(uri)
+print(tracking.ensure_experiment(client, "workbench", uri))
+"""
+
+
+def test_parallel_first_requests_on_a_fresh_embedded_store(tmp_path: Path) -> None:
+    # Without the store lock, processes migrating a fresh SQLite database at once fail with
+    # "duplicate column name" (seen with seeds trained side by side); with it all succeed.
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    procs = [subprocess.Popen([sys.executable, "-c", FIRST_REQUEST, uri], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+             for _ in range(3)]
+    outputs = [proc.communicate(timeout=300) for proc in procs]
+    for proc, (_, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err[-2000:]
+    assert len({out.strip().splitlines()[-1] for out, _ in outputs}) == 1  # one experiment

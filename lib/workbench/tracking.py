@@ -8,12 +8,14 @@ PPO iteration, at ``step = num_timesteps``.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import math
 import numbers
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +52,40 @@ def redact_uri(uri: str) -> str:
 
 
 def make_client(uri: str) -> MlflowClient:
-    """A client for ``uri``; creates the embedded store's directory if needed."""
-    if is_embedded(uri):
-        db_path = Path(uri.removeprefix("sqlite:///"))
-        db_path.parent.mkdir(parents=True, exist_ok=True)
-    return MlflowClient(tracking_uri=uri)
+    """A client for ``uri``; creates the embedded store's directory if needed.
+
+    MLflow creates and migrates the embedded store with the client, under
+    :func:`embedded_store_lock`.
+    """
+    if not is_embedded(uri):
+        return MlflowClient(tracking_uri=uri)
+    db_path = Path(uri.removeprefix("sqlite:///"))
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    with embedded_store_lock(uri):
+        client = MlflowClient(tracking_uri=uri)
+        client.search_experiments(max_results=1)  # the first request: create and migrate now
+    return client
+
+
+@contextlib.contextmanager
+def embedded_store_lock(uri: str) -> Iterator[None]:
+    """Exclusive lock on an embedded store while it may be created and migrated.
+
+    MLflow creates and migrates a SQLite database on a client's first request; two processes
+    doing that at once on a fresh database fail with ``duplicate column name`` (two runs
+    started together in two terminals, seeds trained side by side). Servers need no lock.
+    """
+    if not is_embedded(uri):
+        yield
+        return
+    lock_path = Path(uri.removeprefix("sqlite:///") + ".lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def ensure_experiment(client: MlflowClient, name: str, uri: str) -> str:
