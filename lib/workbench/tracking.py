@@ -79,8 +79,12 @@ def embedded_store_lock(uri: str) -> Iterator[None]:
         yield
         return
     lock_path = Path(uri.removeprefix("sqlite:///") + ".lock")
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as lock:
+    try:
+        lock = open(lock_path, "a")  # noqa: SIM115 (closed below, after the yield)
+    except OSError:  # a read-only store (reports, the UI): nobody can migrate it anyway
+        yield
+        return
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
