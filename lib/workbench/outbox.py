@@ -11,12 +11,12 @@ Design (issue 6: "does not die after minutes of retries, does not silently drop 
    or locked, the thread retries with a capped backoff (0.5 s doubling to 15 s) while training
    goes on; MLflow's own HTTP retries are shortened for the run so one attempt fails fast.
    Consecutive metric batches (one per PPO iteration) are merged into one ``log_batch`` call
-   at most every ``batch_interval_s`` (5 s): a call costs an SQLite store ~13 ms of CPU
+   at most every ``batch_interval_s`` (1 s): a call costs an SQLite store ~13 ms of CPU
    whatever its size, which at several iterations per second took ~5% of a 2-core machine
-   from training, and the delivery thread's work makes the training thread wait for the GIL
-   (at 1 s, ~60 such waits per second were counted in the training thread; at 5 s, half).
-   The MLflow UI therefore shows a running training's metrics up to 5 s late; a notebook's
-   live curves read SB3's logger directly and are not delayed.
+   from training. (The delivery thread's work also makes the training thread wait for the
+   GIL: ~60 waits per second were counted at 1 s, half at 5 s, but the wall-time ratio of
+   ``benchmarks/tracking_overhead.py`` did not move measurably, while heartbeats, tags and
+   outage detection queued behind the longer wait, so 1 s stayed.)
 3. **Drain at the end.** When the run ends the client waits up to ``drain_timeout_s`` for the
    queue to empty. Whatever the store still has not accepted stays in the outbox and
    ``workbench runs sync`` (or resuming the run) delivers it later; the console says so.
@@ -256,7 +256,7 @@ class DeliveryClient(MlflowClient):
         *,
         skip_logged: Mapping[str, int] | None = None,
         drain_timeout_s: float = 10.0,
-        batch_interval_s: float = 5.0,
+        batch_interval_s: float = 1.0,
         folder: Path | None = None,
     ) -> None:
         super().__init__(tracking_uri=tracking_uri)
