@@ -98,20 +98,16 @@ def main() -> None:
               "algo=ppo_sb3", "env.normalize=false", "env.vec_env=dummy",
               *args.workbench_overrides]
     rows: dict[str, list[dict[str, float]]] = {"bare": [], "workbench": []}
+    commands = {"bare": bare_cmd, "workbench": wb_cmd}
     for rep in range(args.reps):
         for name in ("bare", "workbench") if rep % 2 == 0 else ("workbench", "bare"):
-            if name == "bare":
-                bare = run_child(bare_cmd, env)
-                out = str(bare.pop("stdout")).strip().splitlines()[-1]
-                bare["train_s"] = json.loads(out)["train_s"]
-                rows["bare"].append(bare)
-            else:
-                wb = run_child(wb_cmd, env)
-                wb["train_s"] = workbench_train_s(str(wb.pop("stdout")).strip().splitlines()[-1],
-                                                  uri)
-                rows["workbench"].append(wb)
-        print(f"rep {rep + 1}/{args.reps}: bare {bare['train_s']:.1f}s, "
-              f"workbench {wb['train_s']:.1f}s", flush=True)
+            result = run_child(commands[name], env)
+            last = str(result.pop("stdout")).strip().splitlines()[-1]  # JSON / the run id
+            result["train_s"] = (json.loads(last)["train_s"] if name == "bare"
+                                 else workbench_train_s(last, uri))
+            rows[name].append(result)
+        print(f"rep {rep + 1}/{args.reps}: bare {rows['bare'][-1]['train_s']:.1f}s, "
+              f"workbench {rows['workbench'][-1]['train_s']:.1f}s", flush=True)
 
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in rows.items()}
     ratios = [w["train_s"] / b["train_s"] for b, w in zip(rows["bare"], rows["workbench"],

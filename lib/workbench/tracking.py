@@ -52,35 +52,28 @@ def redact_uri(uri: str) -> str:
 
 
 def make_client(uri: str) -> MlflowClient:
-    """A client for ``uri``; creates the embedded store's directory if needed.
+    """A client for ``uri``; creates and migrates the embedded store if needed.
 
-    MLflow creates and migrates the embedded store with the client, under
-    :func:`embedded_store_lock`.
+    MLflow creates and migrates a SQLite database on a client's first request; two processes
+    doing that at once on a fresh database fail with ``duplicate column name`` (two runs
+    started together in two terminals, seeds trained side by side), so for the embedded
+    store that first request is made here, under :func:`_creation_lock`.
     """
     if not is_embedded(uri):
         return MlflowClient(tracking_uri=uri)
     db_path = Path(uri.removeprefix("sqlite:///"))
     db_path.parent.mkdir(parents=True, exist_ok=True)
-    with embedded_store_lock(uri):
+    with _creation_lock(db_path):
         client = MlflowClient(tracking_uri=uri)
-        client.search_experiments(max_results=1)  # the first request: create and migrate now
+        client.search_experiments(max_results=1)
     return client
 
 
 @contextlib.contextmanager
-def embedded_store_lock(uri: str) -> Iterator[None]:
-    """Exclusive lock on an embedded store while it may be created and migrated.
-
-    MLflow creates and migrates a SQLite database on a client's first request; two processes
-    doing that at once on a fresh database fail with ``duplicate column name`` (two runs
-    started together in two terminals, seeds trained side by side). Servers need no lock.
-    """
-    if not is_embedded(uri):
-        yield
-        return
-    lock_path = Path(uri.removeprefix("sqlite:///") + ".lock")
+def _creation_lock(db_path: Path) -> Iterator[None]:
+    """Exclusive lock (``<db>.lock``) around an embedded store's creation and migration."""
     try:
-        lock = open(lock_path, "a")  # noqa: SIM115 (closed below, after the yield)
+        lock = open(db_path.with_name(db_path.name + ".lock"), "a")  # noqa: SIM115
     except OSError:  # a read-only store (reports, the UI): nobody can migrate it anyway
         yield
         return
