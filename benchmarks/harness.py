@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +46,7 @@ def machine() -> dict[str, Any]:
     """Cores, CPU model, load averages and library versions at the time of writing."""
     from importlib import metadata
 
-    versions = {}
+    versions: dict[str, str | None] = {}
     for package in ("torch", "stable-baselines3", "gymnasium", "mujoco", "envpool", "numpy"):
         try:
             versions[package] = metadata.version(package)
@@ -114,50 +116,174 @@ class TreeSampler(threading.Thread):
         return sum(1 for pid in self.peaks if pid != self.pid)
 
 
+class Child:
+    """One measured process, started at construction and reaped by :meth:`finish`.
+
+    ``core`` pins it (and its threads) to one CPU; ``ready`` is a test over the lines it has
+    printed so far that says it is about to start the measured work (see :meth:`wait_ready`).
+    """
+
+    def __init__(self, command: Sequence[str], env: dict[str, str] | None = None,
+                 timeout_s: float | None = None, core: int | None = None,
+                 ready: Callable[[list[str]], bool] | None = None) -> None:
+        self.command = list(command)
+        self.started = time.perf_counter()
+        pin = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
+        self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})}, cwd=ROOT,
+                                     preexec_fn=pin)
+        self.sampler = TreeSampler(self.proc.pid)
+        self.sampler.start()
+        self.streams: dict[str, list[str]] = {"out": [], "err": []}
+        self.is_ready = threading.Event()
+        self.readers = [
+            threading.Thread(target=self._drain, args=(self.proc.stdout, "out", ready),
+                             daemon=True),
+            threading.Thread(target=self._drain, args=(self.proc.stderr, "err", None),
+                             daemon=True),
+        ]
+        for reader in self.readers:
+            reader.start()
+        self.killer = threading.Timer(timeout_s, self.proc.kill) if timeout_s else None
+        if self.killer:
+            self.killer.start()
+
+    def wait_ready(self) -> None:
+        """Block until the child printed its ready line (or exited: :meth:`finish` says)."""
+        self.is_ready.wait()
+
+    def finish(self) -> dict[str, Any]:
+        """Reap the child; its stdout, wall time, peak RSS (main and largest worker).
+
+        Reaped with ``wait4`` for the kernel's exact peak RSS of the main process; the tree
+        sampler adds its workers. A failing child stops the benchmark with its last stderr
+        lines: numbers from a broken run are worse than none.
+        """
+        _, status, usage = os.wait4(self.proc.pid, 0)
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        if self.killer:
+            self.killer.cancel()
+        self.sampler.stopped.set()
+        self.sampler.join()
+        for reader in self.readers:
+            reader.join()
+        if self.proc.returncode != 0:
+            tail = "".join(self.streams["err"][-15:]).strip()
+            raise SystemExit(f"benchmark child failed ({self.proc.returncode}): "
+                             f"{' '.join(self.command)}\n{tail}")
+        return {
+            "process_s": time.perf_counter() - self.started,
+            "peak_rss_mb": usage.ru_maxrss / 1024,
+            "worker_peak_rss_mb": self.sampler.worker_peak_mb(),
+            "workers": self.sampler.workers(),
+            "stdout": "".join(self.streams["out"]),
+        }
+
+    def _drain(self, pipe: Any, name: str, ready: Callable[[list[str]], bool] | None) -> None:
+        lines = self.streams[name]
+        for line in pipe:
+            lines.append(line)
+            if ready is not None and not self.is_ready.is_set() and ready(lines):
+                self.is_ready.set()
+        if ready is not None:
+            self.is_ready.set()  # EOF: never wait for a child that has gone
+
+
 def run_child(command: Sequence[str], env: dict[str, str] | None = None,
               timeout_s: float | None = None) -> dict[str, Any]:
-    """Run one measured process; its stdout, wall time, peak RSS (main and largest worker).
+    """Run one measured process to its end (see :class:`Child`)."""
+    return Child(command, env, timeout_s).finish()
 
-    The child is reaped with ``wait4`` for the kernel's exact peak RSS of the main process;
-    the tree sampler adds its workers. A failing child stops the benchmark with its last
-    stderr lines: numbers from a broken run are worse than none.
-    """
-    started = time.perf_counter()
-    proc = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, **(env or {})}, cwd=ROOT)
-    sampler = TreeSampler(proc.pid)
-    sampler.start()
-    streams: dict[str, str] = {}
-    readers = [threading.Thread(target=_drain, args=(pipe, name, streams), daemon=True)
-               for name, pipe in (("out", proc.stdout), ("err", proc.stderr))]
-    for reader in readers:
-        reader.start()
-    killer = threading.Timer(timeout_s, proc.kill) if timeout_s else None
-    if killer:
-        killer.start()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if killer:
-        killer.cancel()
-    sampler.stopped.set()
-    sampler.join()
-    for reader in readers:
-        reader.join()
-    if proc.returncode != 0:
-        tail = "\n".join(streams.get("err", "").strip().splitlines()[-15:])
-        raise SystemExit(f"benchmark child failed ({proc.returncode}): {' '.join(command)}\n"
-                         f"{tail}")
-    return {
-        "process_s": time.perf_counter() - started,
-        "peak_rss_mb": usage.ru_maxrss / 1024,
-        "worker_peak_rss_mb": sampler.worker_peak_mb(),
-        "workers": sampler.workers(),
-        "stdout": streams.get("out", ""),
+
+# Concurrent pairs. On a shared machine the speed drifts by +-20 % within minutes, more than
+# the few per cent a ratio such as the tracking overhead is about. Run both sides at the same
+# time instead, one core each, and swap the cores every repetition: drift then hits both
+# alike. Each side prints that it is about to learn; the bare side then waits for a go file.
+READY_LINE = "ready"
+
+
+def bare_ready(lines: list[str]) -> bool:
+    """A bare child built its model and waits (:func:`wait_for_go`)."""
+    return lines[-1].strip() == READY_LINE
+
+
+def workbench_ready(lines: list[str]) -> bool:
+    """``workbench train`` printed its run header (two rules of dashes): ``learn`` is next."""
+    return sum(line.startswith("-" * 20) for line in lines) >= 2
+
+
+def wait_for_go(go_file: str | None) -> None:
+    """In a bare child: say ready, then wait until the parent creates ``go_file``."""
+    if not go_file:
+        return
+    print(READY_LINE, flush=True)
+    while not os.path.exists(go_file):
+        time.sleep(0.005)
+
+
+def run_pair(commands: Mapping[str, Sequence[str]], env: dict[str, str] | None, rep: int,
+             concurrent: bool, timeout_s: float | None = None, bare_sides: Sequence[str] = ("bare",)
+             ) -> dict[str, dict[str, Any]]:
+    """One repetition of ``{"bare": ..., "workbench": ...}``: one after the other in
+    alternating order (bare first in even repetitions), or at the same time on two cores.
+
+    ``bare_sides`` take ``--go-file`` (:func:`wait_for_go`); the others are ``workbench train``
+    commands, ready once they printed their run header. A control run (two identical bare
+    programs, to see the resolution of the method) names both sides here."""
+    if not concurrent:
+        order = ("bare", "workbench") if rep % 2 == 0 else ("workbench", "bare")
+        return {name: run_child(commands[name], env, timeout_s) for name in order}
+    if len(os.sched_getaffinity(0)) < 2:
+        raise SystemExit("--concurrent needs two cores (one per side)")
+    go_file = Path(tempfile.mkdtemp(prefix="wb-go-")) / "go"
+    env = {**(env or {}), "WORKBENCH_CPU_BUDGET": "1"}
+    children = {
+        name: Child([*commands[name], f"--go-file={go_file}"], env, timeout_s, core=core,
+                    ready=bare_ready) if name in bare_sides
+        else Child(commands[name], env, timeout_s, core=core, ready=workbench_ready)
+        for name, core in (("bare", rep % 2), ("workbench", 1 - rep % 2))
     }
+    for child in children.values():
+        child.wait_ready()
+    go_file.touch()
+    try:
+        return {name: child.finish() for name, child in children.items()}
+    finally:
+        shutil.rmtree(go_file.parent, ignore_errors=True)
 
 
-def _drain(pipe: Any, name: str, streams: dict[str, str]) -> None:
-    streams[name] = pipe.read()
+def phase_timer() -> Any:
+    """An SB3 callback summing rollout and update seconds (``.spans``), split where the
+    workbench's ``IterationCallback`` splits them: the update runs from the end of one rollout
+    to the start of the next (or training end). Two clock reads per phase: negligible."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class PhaseTimer(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mark = 0.0
+            self.spans = {"rollout_s": 0.0, "update_s": 0.0}
+
+        def _on_rollout_start(self) -> None:
+            self._close("update_s")
+
+        def _on_rollout_end(self) -> None:
+            self._close("rollout_s")
+
+        def _on_training_end(self) -> None:
+            self._close("update_s")
+
+        def _on_step(self) -> bool:
+            return True
+
+        def _close(self, phase: str) -> None:
+            now = time.perf_counter()
+            if self.mark:
+                self.spans[phase] += now - self.mark
+            self.mark = now
+
+    return PhaseTimer()
 
 
 def last_json(stdout: str) -> dict[str, Any]:

@@ -2,11 +2,19 @@
 
 Each repetition runs both, each in a fresh process, in alternating order (bare first in odd
 repetitions, workbench first in even ones), so machine-load drift hits both alike; the ratio is
-the median of the per-repetition ratios. Printed: the median training wall time of each, their
-ratio (target <= 1.03), end-to-end process time, and peak RSS of each process.
+the median of the per-repetition ratios. Printed: the median training wall time of each, its
+rollout / update split (where the workbench's ``time/*`` metrics split it), their ratios
+(target <= 1.03), end-to-end process time, and peak RSS of each process.
+
+On a shared machine the speed of each core drifts by +-20 % within minutes, more than the few
+per cent measured here. ``--concurrent`` runs both sides at the same time, one core each,
+swapping cores every repetition; ``--control`` puts the bare script on both sides, so its
+ratios show how far from 1.0 two identical programs land (the method's resolution).
 
     python benchmarks/tracking_overhead.py                 # 8 envs, n_steps 256, 50k steps, 4 reps
     python benchmarks/tracking_overhead.py --steps 20000 --reps 2
+    python benchmarks/tracking_overhead.py --concurrent --reps 6
+    python benchmarks/tracking_overhead.py --concurrent --reps 6 --control
     python benchmarks/tracking_overhead.py --workbench-overrides tracking.system_metrics=false
                                           # ablation: what one part of the workbench costs
 """
@@ -17,14 +25,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = Path(os.environ.get("WORKBENCH_BENCH_RESULTS") or ROOT / "benchmarks" / "results")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
 
 
 def bare_main(args: argparse.Namespace) -> None:
@@ -38,31 +45,23 @@ def bare_main(args: argparse.Namespace) -> None:
     venv = make_vec_env(args.env_id, n_envs=args.num_envs, seed=0)
     model = PPO("MlpPolicy", venv, n_steps=args.n_steps, batch_size=args.batch_size, seed=0,
                 device="cpu", verbose=0)
+    timer = harness.phase_timer()
+    harness.wait_for_go(args.go_file)  # --concurrent: learn together with the workbench side
     started = time.perf_counter()
-    model.learn(args.steps)
-    print(json.dumps({"train_s": time.perf_counter() - started}))
+    model.learn(args.steps, callback=timer)
+    print(json.dumps({"train_s": time.perf_counter() - started, **timer.spans}))
 
 
-def run_child(command: list[str], env: dict[str, str]) -> dict[str, float]:
-    """Run one measured process; returns wall time, peak RSS and what it printed."""
-    started = time.perf_counter()
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, env=env, cwd=ROOT)
-    assert proc.stdout is not None
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"benchmark child failed ({proc.returncode}): {' '.join(command)}")
-    return {"process_s": time.perf_counter() - started, "peak_rss_mb": usage.ru_maxrss / 1024,
-            "stdout": out}  # type: ignore[dict-item]
-
-
-def workbench_train_s(run_id: str, uri: str) -> float:
-    """Training wall time the workbench measured around ``learn`` (same span as bare)."""
+def workbench_times(run_id: str, uri: str) -> dict[str, float]:
+    """Training wall time the workbench measured around ``learn`` (same span as bare) and
+    its rollout / update split (sums of the per-iteration ``time/*`` metrics)."""
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(uri).get_run(run_id).data.metrics["summary/wall_time_s"]
+    client = MlflowClient(uri)
+    times = {"train_s": client.get_run(run_id).data.metrics["summary/wall_time_s"]}
+    for phase in ("rollout_s", "update_s"):
+        times[phase] = sum(m.value for m in client.get_metric_history(run_id, f"time/{phase}"))
+    return times
 
 
 def main() -> None:
@@ -76,7 +75,14 @@ def main() -> None:
     parser.add_argument("--workbench-overrides", nargs="*", default=[], metavar="KEY=VALUE",
                         help="extra overrides for the workbench side (ablations), e.g. "
                              "console.progress_bar=false tracking.system_metrics=false")
+    parser.add_argument("--concurrent", action="store_true",
+                        help="run both sides at the same time, one core each (swapped every "
+                             "repetition): machine-load drift then hits both alike")
+    parser.add_argument("--control", action="store_true",
+                        help="run the bare script on both sides: how far from 1.0 two "
+                             "identical programs land is the resolution of the method here")
     parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--go-file", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare:
         bare_main(args)
@@ -98,13 +104,13 @@ def main() -> None:
               "algo=ppo_sb3", "env.normalize=false", "env.vec_env=dummy",
               *args.workbench_overrides]
     rows: dict[str, list[dict[str, float]]] = {"bare": [], "workbench": []}
-    commands = {"bare": bare_cmd, "workbench": wb_cmd}
+    commands = {"bare": bare_cmd, "workbench": bare_cmd if args.control else wb_cmd}
+    bare_sides = ("bare", "workbench") if args.control else ("bare",)
     for rep in range(args.reps):
-        for name in ("bare", "workbench") if rep % 2 == 0 else ("workbench", "bare"):
-            result = run_child(commands[name], env)
+        for name, result in harness.run_pair(commands, env, rep, args.concurrent,
+                                             bare_sides=bare_sides).items():
             last = str(result.pop("stdout")).strip().splitlines()[-1]  # JSON / the run id
-            result["train_s"] = (json.loads(last)["train_s"] if name == "bare"
-                                 else workbench_train_s(last, uri))
+            result.update(json.loads(last) if name in bare_sides else workbench_times(last, uri))
             rows[name].append(result)
         print(f"rep {rep + 1}/{args.reps}: bare {rows['bare'][-1]['train_s']:.1f}s, "
               f"workbench {rows['workbench'][-1]['train_s']:.1f}s", flush=True)
@@ -112,20 +118,28 @@ def main() -> None:
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in rows.items()}
     ratios = [w["train_s"] / b["train_s"] for b, w in zip(rows["bare"], rows["workbench"],
                                                            strict=True)]
+    how = ("at the same time, one core each" if args.concurrent
+           else "one after the other in alternating order")
     print(f"\n{args.env_id}, {args.num_envs} envs, n_steps {args.n_steps}, "
-          f"{args.steps} steps, {args.reps} repetitions in alternating order (medians)")
-    print(f"{'':<10} {'train s':>9} {'process s':>10} {'peak RSS MiB':>13}")
+          f"{args.steps} steps, {args.reps} repetitions {how} (medians)")
+    print(f"{'':<10} {'train s':>9} {'rollout s':>10} {'update s':>9} {'process s':>10} "
+          f"{'peak RSS MiB':>13}")
     for name in ("bare", "workbench"):
         m = med[name]
-        print(f"{name:<10} {m['train_s']:>9.2f} {m['process_s']:>10.2f} {m['peak_rss_mb']:>13.0f}")
+        print(f"{name:<10} {m['train_s']:>9.2f} {m['rollout_s']:>10.2f} {m['update_s']:>9.2f} "
+              f"{m['process_s']:>10.2f} {m['peak_rss_mb']:>13.0f}")
     ratio = statistics.median(ratios)
     print(f"wall-time ratio workbench/bare (training): {ratio:.3f}  (target <= 1.03; "
           f"per rep: {', '.join(f'{r:.3f}' for r in ratios)})")
+    for phase in ("rollout_s", "update_s"):
+        phase_ratios = [w[phase] / b[phase] for b, w in zip(rows["bare"], rows["workbench"],
+                                                            strict=True)]
+        print(f"  {phase[:-2]} ratio: {statistics.median(phase_ratios):.3f}  (per rep: "
+              f"{', '.join(f'{r:.3f}' for r in phase_ratios)})")
     process_ratio = med["workbench"]["process_s"] / med["bare"]["process_s"]
     print(f"end-to-end process ratio: {process_ratio:.3f}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "tracking_overhead.json"
-    out.write_text(json.dumps({"args": vars(args), "runs": rows, "ratio": ratio}, indent=2))
+    out = harness.write_results("tracking_overhead", {"args": vars(args), "runs": rows,
+                                                      "ratio": ratio})
     print(f"results: {out}")
 
 

@@ -45,10 +45,9 @@ CONFIGS: dict[str, list[str]] = {
 # --------------------------------------------------------------------------- children
 
 
-def bare_child(overrides: list[str], steps: int) -> None:
+def bare_child(overrides: list[str], steps: int, go_file: str | None = None) -> None:
     """SB3 PPO built exactly as the workbench builds it, learning with no extras."""
     import torch
-    from stable_baselines3.common.callbacks import BaseCallback
     from workbench import calibration, envs
     from workbench.config import load_config
     from workbench.train import build_model, env_spec
@@ -60,28 +59,13 @@ def bare_child(overrides: list[str], steps: int) -> None:
     venv = envs.make_envs(calibration.resolve_spec(env_spec(cfg)))
     model = build_model(cfg, venv)
 
-    class Split(BaseCallback):
-        """Rollout seconds (two clock reads per iteration: negligible)."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.rollout_s = self.started = 0.0
-
-        def _on_rollout_start(self) -> None:
-            self.started = time.perf_counter()
-
-        def _on_rollout_end(self) -> None:
-            self.rollout_s += time.perf_counter() - self.started
-
-        def _on_step(self) -> bool:
-            return True
-
-    split = Split()
+    timer = harness.phase_timer()
+    harness.wait_for_go(go_file)  # --concurrent: learn together with the workbench side
     started = time.perf_counter()
-    model.learn(steps, callback=split)
+    model.learn(steps, callback=timer)
     train_s = time.perf_counter() - started
     venv.close()
-    print(json.dumps({"train_s": train_s, "rollout_s": split.rollout_s,
+    print(json.dumps({"train_s": train_s, "rollout_s": timer.spans["rollout_s"],
                       "steps": model.num_timesteps, "threads": threads,
                       "vec_env": choice.name}))
 
@@ -111,12 +95,12 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
         for name in args.configs:
             for backend in args.backends:
                 overrides = [*CONFIGS[name], f"env.vec_env={backend}", f"device={args.device}"]
-                pair = {}
-                # alternating order: drift within a pair favours neither side
-                for kind in ("bare", "workbench") if rep % 2 == 0 else ("workbench", "bare"):
-                    pair[kind] = {"config": name, "backend": backend, "kind": kind, "rep": rep,
-                                  **run_one(kind, overrides, args.steps, env, uri)}
-                    rows.append(pair[kind])
+                # alternating order or both at once: drift favours neither side
+                measured = harness.run_pair(commands(overrides, args.steps), env, rep,
+                                            args.concurrent, timeout_s=3600)
+                pair = {kind: {"config": name, "backend": backend, "kind": kind, "rep": rep,
+                               **result_of(kind, proc, uri)} for kind, proc in measured.items()}
+                rows.extend(pair.values())
                 ratio = pair["workbench"]["steps_per_s"] / pair["bare"]["steps_per_s"]
                 pair["workbench"]["r_train"] = ratio
                 print(f"rep {rep + 1}/{args.reps} {name:<16} {backend:<8} bare "
@@ -126,14 +110,17 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def run_one(kind: str, overrides: list[str], steps: int, env: dict[str, str],
-            uri: str) -> dict[str, Any]:
-    if kind == "bare":
-        command = [sys.executable, __file__, "--bare", json.dumps(overrides), f"--steps={steps}"]
-    else:
-        command = [sys.executable, "-m", "workbench", "train", *overrides,
-                   f"total_timesteps={steps}", "eval.final_episodes=0"]
-    proc = harness.run_child(command, env=env, timeout_s=3600)
+def commands(overrides: list[str], steps: int) -> dict[str, list[str]]:
+    """The bare child and ``workbench train`` for one configuration."""
+    return {
+        "bare": [sys.executable, __file__, "--bare", json.dumps(overrides), f"--steps={steps}"],
+        "workbench": [sys.executable, "-m", "workbench", "train", *overrides,
+                      f"total_timesteps={steps}", "eval.final_episodes=0"],
+    }
+
+
+def result_of(kind: str, proc: dict[str, Any], uri: str) -> dict[str, Any]:
+    """One measured run: what it printed or recorded, with steps/s and the update share."""
     stdout = str(proc.pop("stdout"))
     if kind == "bare":
         result = harness.last_json(stdout)
@@ -161,7 +148,8 @@ def summarize(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
                               r_train if kind == "workbench" else float("nan")])
     harness.print_table(
         f"R_train = workbench steps/s / bare SB3 steps/s ({args.steps} steps, medians of "
-        f"{args.reps} interleaved repetitions, device {args.device})",
+        f"{args.reps} {'concurrent' if args.concurrent else 'interleaved'} repetitions, "
+        f"device {args.device})",
         ["config", "backend", "kind", "threads", "steps/s", "update share", "peak RSS MiB",
          "worker RSS MiB", "R_train"], table)
     worst = min(v["r_train"] for v in summary.values())
@@ -180,10 +168,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int)
     parser.add_argument("--reps", type=int)
     parser.add_argument("--device", default="cpu", help="cpu | cuda | auto")
+    parser.add_argument("--concurrent", action="store_true",
+                        help="run bare and workbench at the same time, one core each (swapped "
+                             "every repetition; each gets 1 core's budget)")
     parser.add_argument("--bare", help=argparse.SUPPRESS)
+    parser.add_argument("--go-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.bare:
-        bare_child(json.loads(args.bare), args.steps)
+        bare_child(json.loads(args.bare), args.steps, args.go_file)
         return {}
     from time_to_reward import split_overrides
     from workbench import envpool_vec

@@ -122,3 +122,29 @@ def test_time_to_reward_rescore_needs_thresholds(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "--rescore needs --thresholds" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("control", [False, True], ids=["workbench", "control"])
+def test_tracking_overhead_runs_pairs_concurrently(tmp_path: Path, control: bool) -> None:
+    results = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "tracking_overhead.py"), "--concurrent",
+         "--reps", "2", "--steps", "1024", "--num-envs", "2", "--n-steps", "256",
+         *(["--control"] if control else [])],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "WORKBENCH_BENCH_RESULTS": str(results)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 repetitions at the same time, one core each" in proc.stdout
+    data = json.loads((results / "tracking_overhead.json").read_text())
+    assert data["args"]["concurrent"] is True and data["args"]["control"] is control
+    for side in ("bare", "workbench"):
+        runs = data["runs"][side]
+        assert len(runs) == 2
+        for run in runs:
+            # the split covers the training span: setup before the first rollout is all
+            # that lies outside it
+            assert run["rollout_s"] > 0 and run["update_s"] > 0
+            assert run["rollout_s"] + run["update_s"] <= run["train_s"] * 1.01
+    assert math.isfinite(data["ratio"])
