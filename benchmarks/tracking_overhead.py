@@ -52,6 +52,33 @@ def bare_main(args: argparse.Namespace) -> None:
     print(json.dumps({"train_s": time.perf_counter() - started, **timer.spans}))
 
 
+def commands_for(args: argparse.Namespace, steps: int) -> tuple[list[str], list[str]]:
+    """The bare script and the ``workbench train`` command, same configuration."""
+    bare = [sys.executable, __file__, "--bare", f"--env-id={args.env_id}",
+            f"--num-envs={args.num_envs}", f"--n-steps={args.n_steps}",
+            f"--batch-size={args.batch_size}", f"--steps={steps}"]
+    env_name = {"HalfCheetah-v5": "halfcheetah", "Hopper-v5": "hopper"}.get(args.env_id)
+    workbench = [sys.executable, "-m", "workbench", "train", f"env={env_name}",
+                 f"env.num_envs={args.num_envs}", f"algo.n_steps={args.n_steps}",
+                 f"algo.batch_size={args.batch_size}", f"total_timesteps={steps}",
+                 "eval.final_episodes=0", "device=cpu",
+                 # the bare script's setting, whatever conf/ defaults to (issue 8 changed them)
+                 "algo=ppo_sb3", "env.normalize=false", "env.vec_env=dummy",
+                 *args.workbench_overrides]
+    return bare, workbench
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """The measured configuration (shared with ``instruction_overhead.py``)."""
+    parser.add_argument("--env-id", default="HalfCheetah-v5")
+    parser.add_argument("--num-envs", type=int, default=8)
+    parser.add_argument("--n-steps", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--workbench-overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="extra overrides for the workbench side (ablations), e.g. "
+                             "console.progress_bar=false tracking.system_metrics=false")
+
+
 def workbench_times(run_id: str, uri: str) -> dict[str, float]:
     """Training wall time the workbench measured around ``learn`` (same span as bare) and
     its rollout / update split (sums of the per-iteration ``time/*`` metrics)."""
@@ -66,15 +93,9 @@ def workbench_times(run_id: str, uri: str) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env-id", default="HalfCheetah-v5")
-    parser.add_argument("--num-envs", type=int, default=8)
-    parser.add_argument("--n-steps", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=64)
+    add_config_arguments(parser)
     parser.add_argument("--steps", type=int, default=50_000)
     parser.add_argument("--reps", type=int, default=4)
-    parser.add_argument("--workbench-overrides", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="extra overrides for the workbench side (ablations), e.g. "
-                             "console.progress_bar=false tracking.system_metrics=false")
     parser.add_argument("--concurrent", action="store_true",
                         help="run both sides at the same time, one core each (swapped every "
                              "repetition): machine-load drift then hits both alike")
@@ -91,18 +112,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="wb-bench-"))
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "WORKBENCH_EXPERIMENTS": str(tmp)}
-    common = [f"--env-id={args.env_id}", f"--num-envs={args.num_envs}",
-              f"--n-steps={args.n_steps}", f"--batch-size={args.batch_size}",
-              f"--steps={args.steps}"]
-    bare_cmd = [sys.executable, __file__, "--bare", *common]
-    env_name = {"HalfCheetah-v5": "halfcheetah", "Hopper-v5": "hopper"}.get(args.env_id)
-    wb_cmd = [sys.executable, "-m", "workbench", "train", f"env={env_name}",
-              f"env.num_envs={args.num_envs}", f"algo.n_steps={args.n_steps}",
-              f"algo.batch_size={args.batch_size}", f"total_timesteps={args.steps}",
-              "eval.final_episodes=0", "device=cpu",
-              # the bare script's setting, whatever conf/ defaults to (issue 8 changed them)
-              "algo=ppo_sb3", "env.normalize=false", "env.vec_env=dummy",
-              *args.workbench_overrides]
+    bare_cmd, wb_cmd = commands_for(args, args.steps)
     rows: dict[str, list[dict[str, float]]] = {"bare": [], "workbench": []}
     commands = {"bare": bare_cmd, "workbench": bare_cmd if args.control else wb_cmd}
     bare_sides = ("bare", "workbench") if args.control else ("bare",)
@@ -126,7 +136,8 @@ def main() -> None:
           f"{'peak RSS MiB':>13}")
     for name in ("bare", "workbench"):
         m = med[name]
-        print(f"{name:<10} {m['train_s']:>9.2f} {m['rollout_s']:>10.2f} {m['update_s']:>9.2f} "
+        label = "bare #2" if args.control and name == "workbench" else name
+        print(f"{label:<10} {m['train_s']:>9.2f} {m['rollout_s']:>10.2f} {m['update_s']:>9.2f} "
               f"{m['process_s']:>10.2f} {m['peak_rss_mb']:>13.0f}")
     ratio = statistics.median(ratios)
     print(f"wall-time ratio workbench/bare (training): {ratio:.3f}  (target <= 1.03; "

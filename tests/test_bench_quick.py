@@ -148,3 +148,13 @@ def test_tracking_overhead_runs_pairs_concurrently(tmp_path: Path, control: bool
             assert run["rollout_s"] > 0 and run["update_s"] > 0
             assert run["rollout_s"] + run["update_s"] <= run["train_s"] * 1.01
     assert math.isfinite(data["ratio"])
+
+
+def test_instruction_overhead_rejects_bad_iterations() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "instruction_overhead.py"),
+         "--iterations", "3", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "--iterations 3 1: need 0 < SHORT < LONG" in proc.stderr

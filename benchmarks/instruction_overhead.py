@@ -1,0 +1,113 @@
+"""Tracking overhead counted in instructions: the same two programs as tracking_overhead.py,
+run under valgrind's callgrind, which counts executed instructions (all threads) instead of
+seconds. The count does not move with machine load, so it resolves the few per cent that wall
+time on a shared machine cannot (identical programs differ by up to +-10 % there).
+
+Each side runs twice, for a short and a long budget; the difference is the instructions of the
+extra PPO iterations alone (imports, store set-up, manifest and saving cancel out). Printed:
+instructions per iteration of each side and their ratio (the wall-time target is <= 1.03).
+
+Under valgrind a program runs ~50-100x slower while timers keep real time, so work done every
+N seconds happens ~100x more often per iteration than in a normal run: the progress bar's
+redraws (10 per second), MLflow's system-metrics sampler (every 10 s) and the run heartbeat
+(every 10 s). The first two are switched off by default (``--workbench-overrides`` to change);
+the heartbeat stays, so the workbench's count is an upper bound. Takes ~25 minutes on 2 cores.
+
+    python benchmarks/instruction_overhead.py
+    python benchmarks/instruction_overhead.py --workbench-overrides   # everything on
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+from tracking_overhead import add_config_arguments, commands_for  # noqa: E402
+
+QUIET = ["console.progress_bar=false", "console.iteration_lines=false",
+         "tracking.system_metrics=false"]
+
+
+def count_instructions(command: list[str], out_file: Path, env: dict[str, str]) -> int:
+    """Total instructions executed by ``command`` (every thread), from callgrind's totals."""
+    proc = subprocess.run(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}",
+         "--dump-instr=no", *command],
+        cwd=harness.ROOT, env=env, capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"failed under callgrind ({proc.returncode}): {' '.join(command)}\n"
+                         f"{proc.stderr[-2000:]}")
+    match = re.search(r"^totals:\s*(\d+)", out_file.read_text(), re.MULTILINE)
+    if match is None:
+        raise SystemExit(f"no totals in {out_file}")
+    return int(match.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_config_arguments(parser)
+    parser.set_defaults(workbench_overrides=QUIET)
+    parser.add_argument("--iterations", type=int, nargs=2, default=[1, 3],
+                        metavar=("SHORT", "LONG"),
+                        help="PPO iterations of the short and the long run (default 1 and 3)")
+    parser.add_argument("--parallel", type=int, default=4,
+                        help="callgrind processes at once (counts do not depend on it)")
+    args = parser.parse_args()
+    short, long = args.iterations
+    if not 0 < short < long:
+        parser.exit(2, f"instruction_overhead: --iterations {short} {long}: "
+                       "need 0 < SHORT < LONG\n")
+    if shutil.which("valgrind") is None:
+        parser.exit(2, "instruction_overhead: valgrind is not installed: "
+                       "apt-get install valgrind\n")
+    per_iteration = args.num_envs * args.n_steps
+
+    tmp = Path(tempfile.mkdtemp(prefix="wb-callgrind-"))
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}",
+           "WORKBENCH_EXPERIMENTS": str(tmp)}
+    # Create the store outside callgrind: its schema migration is not what is measured.
+    subprocess.run(commands_for(args, per_iteration)[1], cwd=harness.ROOT, env=env,
+                   capture_output=True, check=True)
+    jobs = {}
+    for iterations in (short, long):
+        bare, workbench = commands_for(args, iterations * per_iteration)
+        jobs[("bare", iterations)] = bare
+        jobs[("workbench", iterations)] = workbench
+    print(f"counting instructions of {len(jobs)} runs under callgrind (~25 min on 2 cores)...",
+          flush=True)
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        futures = {key: pool.submit(count_instructions, command,
+                                    tmp / f"callgrind.{key[0]}.{key[1]}", env)
+                   for key, command in jobs.items()}
+        totals = {key: future.result() for key, future in futures.items()}
+
+    extra = long - short
+    per_it = {side: (totals[(side, long)] - totals[(side, short)]) / extra
+              for side in ("bare", "workbench")}
+    ratio = per_it["workbench"] / per_it["bare"]
+    print(f"\n{args.env_id}, {args.num_envs} envs, n_steps {args.n_steps}, batch "
+          f"{args.batch_size}; workbench overrides: {' '.join(args.workbench_overrides) or '-'}")
+    print(f"{'':<10} {f'{short} it.':>16} {f'{long} it.':>16} {'per iteration':>16}")
+    for side in ("bare", "workbench"):
+        print(f"{side:<10} {totals[(side, short)]:>16,} {totals[(side, long)]:>16,} "
+              f"{per_it[side]:>16,.0f}")
+    print(f"instructions per iteration, workbench/bare: {ratio:.4f}")
+    out = harness.write_results("instruction_overhead", {
+        "args": vars(args), "totals": {f"{s}/{i}": v for (s, i), v in totals.items()},
+        "per_iteration": per_it, "ratio": ratio})
+    print(f"results: {out}")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
