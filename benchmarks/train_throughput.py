@@ -15,6 +15,8 @@ time, the learner's peak RSS and the largest worker's (``subproc``).
 
     python benchmarks/train_throughput.py                    # full: 3 configs x 3 backends
     python benchmarks/train_throughput.py --quick
+    python benchmarks/train_throughput.py --concurrent --configs default --reps 4
+                                          # both sides at once, one core each (less drift)
     python benchmarks/train_throughput.py --device cuda       # GPU servers: update share on GPU
 """
 
