@@ -249,7 +249,7 @@ def run_pair(commands: Mapping[str, Sequence[str]], env: dict[str, str] | None, 
     go_file.touch()
     try:
         return {name: child.finish() for name, child in children.items()}
-    except SystemExit:  # one side failed: the other one must not outlive the benchmark
+    except BaseException:  # a side failed, or Ctrl-C: neither may outlive the benchmark
         for child in children.values():
             child.proc.kill()
             child.proc.wait()

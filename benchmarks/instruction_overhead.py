@@ -75,9 +75,18 @@ def main() -> None:
     if shutil.which("valgrind") is None:
         parser.exit(2, "instruction_overhead: valgrind is not installed: "
                        "apt-get install valgrind\n")
-    per_iteration = args.num_envs * args.n_steps
 
-    tmp = Path(tempfile.mkdtemp(prefix="wb-callgrind-"))
+    tmp = Path(tempfile.mkdtemp(prefix="wb-callgrind-"))  # callgrind files: ~25 MB each
+    try:
+        measure(args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, tmp: Path) -> None:
+    """Count, print and write the results (store and callgrind files in ``tmp``)."""
+    short, long = args.iterations
+    per_iteration = args.num_envs * args.n_steps
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}",
            "WORKBENCH_EXPERIMENTS": str(tmp)}
     # Create the store outside callgrind: its schema migration is not what is measured.
@@ -113,7 +122,6 @@ def main() -> None:
         "args": vars(args), "totals": {f"{s}/{i}": v for (s, i), v in totals.items()},
         "per_iteration": per_it, "ratio": ratio})
     print(f"results: {out}")
-    shutil.rmtree(tmp, ignore_errors=True)  # callgrind files: ~25 MB each
 
 
 if __name__ == "__main__":
