@@ -21,6 +21,7 @@ from .test_train import ExplodingEnv
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "calibration" / "vec_env.json"
     monkeypatch.setenv("WORKBENCH_CALIBRATION_CACHE", str(path))
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # idle: results are cached
     return path
 
 
@@ -63,6 +64,22 @@ def test_auto_calibrates_once_then_uses_the_cache(cache: Path) -> None:
     # another env count is another measurement
     other = calibration.choose_vec_env(envs.EnvSpec("Hopper-v5", 2, vec_env="auto"), budget=2)
     assert not other.cached and len(json.loads(cache.read_text())) == 2
+
+
+@pytest.mark.skipif(not envpool_vec.is_installed(), reason="needs a second candidate (extra fast)")
+def test_a_calibration_on_a_busy_machine_is_used_not_cached(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = envs.EnvSpec("Hopper-v5", num_envs=4, vec_env="auto")
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.5, 2.0, 1.0))  # 1 + half of 2 cores: busy
+    busy = calibration.choose_vec_env(spec, budget=2)
+    assert busy.rates and not busy.cached and busy.name == calibration.decide(busy.rates)
+    assert "not cached: load average 2.5 on 2 cores" in busy.reason
+    assert not cache.exists()
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.9, 2.0, 1.0))  # below the bar: cached
+    idle = calibration.choose_vec_env(spec, budget=2)
+    assert not idle.cached and list(json.loads(cache.read_text()).values()) == [idle.rates]
+    assert calibration.choose_vec_env(spec, budget=2).cached
 
 
 def test_a_broken_env_never_stops_auto(cache: Path) -> None:

@@ -6,8 +6,11 @@ actions for a fraction of a second (``SAMPLE_SECONDS``) and keeps the fastest, u
 the simplest one (``dummy``: one process, easiest to debug) by less than ``MARGIN``. The result
 is cached per machine, task, ``num_envs``, core budget and library versions
 (``~/.cache/workbench/vec_env.json``; ``WORKBENCH_CALIBRATION_CACHE`` moves it), so only the
-first run of a setting pays the ~1 s. The choice is logged as ``derived.vec_env`` with the
-measured rates in ``derived.vec_env_rates``.
+first run of a setting pays the ~1 s. A calibration measured while the machine was already
+busy (1-minute load average at least 1 + half the core budget: more than this run and its
+predecessor) is used but not cached: other processes slow the threaded backends more than
+``dummy``, and the next run on an idle machine should not inherit that choice. The choice is
+logged as ``derived.vec_env`` with the measured rates in ``derived.vec_env_rates``.
 
 Candidates, as measured by ``benchmarks/physics.py`` on 2 shared cores (README "Performance"):
 
@@ -41,6 +44,7 @@ SAMPLE_SECONDS = 0.3  # stepping time per measured backend (after a short warm-u
 MARGIN = 1.15  # a backend other than dummy must be this much faster to be chosen
 SUBPROC_MIN_CORES = 3  # below this, the learner and the workers fight over the cores
 CACHE_VERSION = 1
+BUSY_FRACTION = 0.5  # load average / core budget from which a calibration is not cached
 
 
 @dataclass(frozen=True)
@@ -74,16 +78,30 @@ def choose_vec_env(spec: envs.EnvSpec, budget: int | None = None) -> VecEnvChoic
     cache = load_cache()
     rates = cache.get(key)
     cached = rates is not None
+    source = "cached calibration"
     if rates is None:
+        load = busy_load(budget)
         rates = calibrate(spec, names)
         if not rates:  # the env failed to step: training will report it inside its run
             return VecEnvChoice("dummy", "auto: calibration failed, dummy chosen")
-        cache[key] = rates
-        save_cache(cache)
+        source = "calibration"
+        if load is None:
+            cache[key] = rates
+            save_cache(cache)
+        else:
+            source = f"calibration (not cached: load average {load:.1f} on {budget} cores)"
     name = decide(rates)
     shown = ", ".join(f"{k} {v:.0f}" for k, v in sorted(rates.items()))
-    source = "cached calibration" if cached else "calibration"
     return VecEnvChoice(name, f"auto: {source} env-steps/s {shown}", dict(rates), cached)
+
+
+def busy_load(budget: int) -> float | None:
+    """The 1-minute load average when other work already occupies the cores, else None."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not available on this platform: assume idle
+        return None
+    return load if load >= 1.0 + BUSY_FRACTION * budget else None
 
 
 def resolve_spec(spec: envs.EnvSpec, budget: int | None = None) -> envs.EnvSpec:
