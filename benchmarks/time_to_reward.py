@@ -17,8 +17,9 @@ it has reached every threshold, or after ``--budget-s`` training seconds or ``--
 
 Thresholds: quick mode uses a low one (HalfCheetah 0, reached within seconds by a learning
 configuration), the full mode HalfCheetah 1000 / 3000 / 5000 (issue 8's targets; the zoo
-publishes 5819 +- 664 at 1M steps) and Hopper 1000 / 2000 (the zoo's Hopper reaches
-~2400 at 1M steps).
+publishes 5819 +- 664 at 1M steps) and Hopper 1500 / 2000 (the zoo publishes 2410 +- 10 at 1M
+steps; 1000 is not a threshold there: standing still for the 1000 steps of an episode earns
+~1000, a plateau PPO often sits on before it hops).
 
     python benchmarks/time_to_reward.py --quick
     python benchmarks/time_to_reward.py --tasks halfcheetah --seeds 0 1 2 --budget-s 600
@@ -45,7 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
-THRESHOLDS = {"halfcheetah": [1000.0, 3000.0, 5000.0], "hopper": [1000.0, 2000.0]}
+THRESHOLDS = {"halfcheetah": [1000.0, 3000.0, 5000.0], "hopper": [1500.0, 2000.0]}
 QUICK_THRESHOLDS = {"halfcheetah": [0.0], "hopper": [200.0]}
 ENV_IDS = {"halfcheetah": "HalfCheetah-v5", "hopper": "Hopper-v5"}
 BUILTIN = ("workbench", "sb3", "zoo")

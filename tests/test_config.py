@@ -40,6 +40,44 @@ def test_zoo_preset_values() -> None:
     assert cfg.algo.policy.activation == "relu"
 
 
+def _tuning_target(option: str) -> tuple[str, str]:
+    """``ppo_hopper`` -> ``("ppo", "hopper")``: the algo and env a tuning option is for."""
+    for algo in sorted(config.group_options("algo"), key=len, reverse=True):
+        env = option.removeprefix(f"{algo}_")
+        if env != option and env in config.group_options("env"):
+            return algo, env
+    raise AssertionError(f"conf/tuning/{option}.yaml names no <algo>_<env> pair")
+
+
+@pytest.mark.parametrize("option", config.group_options("tuning"))
+def test_tuning_applies_to_its_algo_and_env_only(option: str) -> None:
+    from omegaconf import OmegaConf
+
+    algo, env = _tuning_target(option)
+    tuned = config.flatten(config.to_dict(load_config([f"algo={algo}", f"env={env}"])))
+    plain = config.flatten(config.to_dict(load_config([f"algo={algo}", f"env={env}", "~tuning"])))
+    values = config.flatten(OmegaConf.to_container(
+        OmegaConf.load(config.conf_dir() / "tuning" / f"{option}.yaml"), resolve=False))
+    assert values, f"{option}.yaml sets nothing"
+    for key, value in values.items():
+        if not (isinstance(value, str) and value.startswith("${")):
+            assert tuned[key] == value, key
+    assert any(tuned[key] != plain[key] for key in values)
+    # an explicit override beats the tuning; another algo or a preset does not get it
+    key = next(iter(values))
+    assert config.flatten(config.to_dict(load_config(
+        [f"algo={algo}", f"env={env}", f"{key}={plain[key]}"])))[key] == plain[key]
+    other = [a for a in config.group_options("algo") if a != algo][0]
+    assert (config.flatten(config.to_dict(load_config([f"algo={other}", f"env={env}"])))
+            == config.flatten(config.to_dict(load_config([f"algo={other}", f"env={env}",
+                                                          "~tuning"]))))
+
+
+def test_tuning_null_names_the_fix() -> None:
+    with pytest.raises(ConfigError, match="write ~tuning"):
+        load_config(["env=hopper", "tuning=null"])
+
+
 def test_derived_values_are_exact() -> None:
     cfg = load_config(["env.num_envs=8", "algo.n_steps=256", "algo.batch_size=512",
                        "total_timesteps=50000", "algo.n_epochs=10"])

@@ -28,7 +28,7 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda")
 ACTIVATION_CHOICES = ("tanh", "relu", "elu")
 LR_SCHEDULE_CHOICES = ("constant", "linear")
 SCHEMA_NAME = "workbench_schema"
-GROUPS = ("env", "algo", "experiment", "sweep", "tracking")
+GROUPS = ("env", "algo", "tuning", "experiment", "sweep", "tracking")
 
 
 def minibatch(num_envs: int, n_steps: int, minibatches: int) -> int:
@@ -483,6 +483,11 @@ def check_overrides(overrides: Sequence[str]) -> None:
         key = override.key_or_group
         if override.is_add() or override.is_force_add() or override.is_delete():
             continue  # the user asked for Hydra's explicit append/delete semantics
+        if key == "tuning" and override.value() is None:
+            raise ConfigError(
+                f"override {text!r}: the tuning group is chosen from algo and env "
+                "(conf/tuning/<algo>_<env>.yaml); write ~tuning to compose without it"
+            )
         if key in GROUPS:
             _check_group_option(key, override.value())
         else:
