@@ -20,6 +20,20 @@ def test_default_halfcheetah_configuration() -> None:
     assert config.derive(cfg).gradient_steps_per_iteration == 10
 
 
+def test_default_hopper_configuration() -> None:
+    """env=hopper adds conf/tuning/ppo_hopper.yaml: SB3's network and horizon, sampled 16 wide."""
+    cfg = load_config(["env=hopper"])
+    assert (cfg.env.id, cfg.env.num_envs, cfg.env.vec_env, cfg.env.normalize) == (
+        "Hopper-v5", 16, "auto", True)
+    a = cfg.algo
+    assert (a.n_steps, a.batch_size, a.n_epochs, a.learning_rate) == (128, 64, 5, 3e-4)
+    assert (a.gamma, a.gae_lambda, a.clip_range) == (0.99, 0.95, 0.2)
+    assert (a.policy.pi, a.policy.vf, a.policy.activation) == ([64, 64], [64, 64], "tanh")
+    assert (a.policy.log_std_init, a.policy.ortho_init) == (0.0, True)
+    assert config.derive(cfg).gradient_steps_per_iteration == 160
+    assert load_config(["env=hopper", "~tuning"]).algo == load_config(["env=halfcheetah"]).algo
+
+
 @pytest.mark.parametrize(
     ("overrides", "batch_size"),
     [
