@@ -43,7 +43,7 @@ from workbench import envpool_vec, envs
 SAMPLE_SECONDS = 0.3  # stepping time per measured backend (after a short warm-up)
 MARGIN = 1.15  # a backend other than dummy must be this much faster to be chosen
 SUBPROC_MIN_CORES = 3  # below this, the learner and the workers fight over the cores
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: entries from before the busy-machine rule may have been measured under load
 BUSY_FRACTION = 0.5  # load average / core budget from which a calibration is not cached
 
 
