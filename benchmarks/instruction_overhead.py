@@ -38,7 +38,8 @@ from tracking_overhead import add_config_arguments, commands_for  # noqa: E402
 QUIET = ["console.progress_bar=false", "console.iteration_lines=false",
          "tracking.system_metrics=false"]
 # ``python -m workbench`` with the run heartbeat's timer switched off (see above).
-NO_HEARTBEAT = ("import sys, workbench.runs as runs; runs.HEARTBEAT_INTERVAL_S = float('inf'); "
+NO_HEARTBEAT = ("import sys, workbench.tracking.runs as runs; "
+                "runs.HEARTBEAT_INTERVAL_S = float('inf'); "
                 "from workbench.cli import main; sys.exit(main())")
 
 

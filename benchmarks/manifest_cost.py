@@ -37,7 +37,8 @@ def timed(func: Callable[[], Any]) -> float:
 def collection_cost(calls: int) -> dict[str, float]:
     """First and warm collection times, and each collector's warm median (seconds)."""
     import torch  # noqa: F401  (train() has it loaded before the manifest is collected)
-    from workbench import manifest, paths
+    from workbench import paths
+    from workbench.tracking import manifest
 
     first = timed(manifest.collect_manifest)
     warm = [timed(manifest.collect_manifest) for _ in range(calls)]
@@ -58,7 +59,7 @@ def collection_cost(calls: int) -> dict[str, float]:
 def train_wall_s(deterministic: bool, args: argparse.Namespace) -> float:
     """One training in this process; its measured training wall time (around ``learn``)."""
     from workbench.config import load_config
-    from workbench.train import train
+    from workbench.training import train
 
     cfg = load_config([
         "env=halfcheetah", f"env.num_envs={args.num_envs}", f"algo.n_steps={args.n_steps}",

@@ -8,7 +8,7 @@ could beat. It is a ceiling, so the best of ``--reps`` measurements is kept.
 ``R_env`` = random-action vectorized stepping rate / ``C_phys``, per backend (``dummy``,
 ``subproc``, ``envpool``) and ``num_envs`` in {1, 2, 4, 8, 16}; the median of ``--reps``
 measurements, interleaved (rep by rep, every backend and size) so load drift hits all alike.
-Rates come from ``workbench.calibration.stepping_rate``, the same loop ``env.vec_env=auto``
+Rates come from ``workbench.envs.calibration.stepping_rate``, the same loop ``env.vec_env=auto``
 uses, over the environments ``workbench.envs.make_envs`` builds for training.
 
     python benchmarks/physics.py                # all MuJoCo tasks' C_phys; R_env on HalfCheetah
@@ -84,9 +84,8 @@ def measure_renv(env_id: str, backends: list[str], sizes: list[int], reps: int,
     divided by the ceiling measured minutes apart from it, not by one from another moment
     (on shared machines the speed drifts by +-20 % within minutes).
     """
-    from workbench import envpool_vec
-    from workbench.calibration import stepping_rate
-    from workbench.envs import EnvSpec, make_envs
+    from workbench.envs import EnvSpec, envpool_vec, make_envs
+    from workbench.envs.calibration import stepping_rate
 
     usable = [b for b in backends if b != "envpool" or envpool_vec.is_installed()]
     rates: dict[str, dict[int, list[float]]] = {b: {n: [] for n in sizes} for b in usable}

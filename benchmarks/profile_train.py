@@ -1,4 +1,4 @@
-"""Where a training's time goes: cProfile of ``workbench.train.train`` grouped by component.
+"""Where a training's time goes: cProfile of ``workbench.training.train`` grouped by component.
 
 Groups (by the code that spends the time, self time): the PPO update's autograd backward and
 optimizer step, the network forward passes (rollout and update), environment stepping
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("overrides", nargs="*", help="workbench overrides (default: none)")
     args = parser.parse_args(argv)
     from workbench.config import load_config
-    from workbench.train import train
+    from workbench.training import train
 
     store = Path(tempfile.mkdtemp(prefix="wb-profile-"))
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store / 'mlflow.db'}"

@@ -32,13 +32,16 @@ ROOT = Path(__file__).resolve().parents[1]
 def checkpoint_costs(saves: int) -> None:
     """Sizes and times of checkpoints for the default config after one PPO iteration."""
     from mlflow.tracking import MlflowClient
-    from workbench import checkpoint, config, envs, faults, outbox, train
+    from workbench import config, envs
     from workbench.config import load_config
+    from workbench.envs import guards
+    from workbench.tracking import outbox
+    from workbench.training import checkpoint, trainer
 
     cfg = load_config(["console.progress_bar=false", "console.iteration_lines=false"])
-    spec = train.env_spec(cfg)
+    spec = trainer.env_spec(cfg)
     train_env, eval_env = envs.make_envs(spec), envs.make_eval_env(spec)
-    model = train.build_model(cfg, train_env)
+    model = trainer.build_model(cfg, train_env)
     model.learn(cfg.algo.n_steps * cfg.env.num_envs)  # one iteration: Adam state exists
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -50,7 +53,7 @@ def checkpoint_costs(saves: int) -> None:
         client = outbox.DeliveryClient(uri, run_id)
         recovery = checkpoint.RecoveryCallback(
             client, run_id, config.to_yaml(cfg), train_env, eval_env, every_steps=0,
-            keep_last=3, interruption=faults.Interruption())
+            keep_last=3, interruption=guards.Interruption())
         captures, syncs, delivered = [], [], []
         for i in range(saves):
             started = time.perf_counter()

@@ -4,7 +4,7 @@ Side by side, on the same machine in the same run, interleaved seed by seed (the
 each seed so no contestant always runs first), each run in a fresh process:
 
 - ``workbench``: the workbench's default configuration for the task (``workbench train
-  env=<task>``, i.e. ``conf/`` as shipped), through ``workbench.train.train``;
+  env=<task>``, i.e. ``conf/`` as shipped), through ``workbench.training.trainer.train``;
 - ``sb3``: bare stable-baselines3 at its defaults: ``PPO("MlpPolicy", make_vec_env(id, 1))``;
 - ``zoo``: rl-baselines3-zoo's tuned hyperparameters (``experiment=zoo_<task>``).
 
@@ -58,8 +58,8 @@ BUILTIN = ("workbench", "sb3", "zoo")
 def make_callback(env_id: str, seed: int, normalize: bool, args: dict[str, Any]) -> Any:
     """The time-to-reward callback with its own evaluation env (built here, in the child)."""
     from stable_baselines3.common.callbacks import BaseCallback
-    from workbench.callbacks import evaluate
     from workbench.envs import EnvSpec, make_eval_env
+    from workbench.training.callbacks import evaluate
 
     eval_env = make_eval_env(EnvSpec(env_id, 1, seed=seed, normalize=normalize))
 
@@ -145,7 +145,7 @@ def workbench_run(overrides: list[str], seed: int, spec: dict[str, Any]) -> dict
     import os
 
     from workbench.config import load_config
-    from workbench.train import train
+    from workbench.training import train
 
     store = Path(tempfile.mkdtemp(prefix="wb-ttr-"))
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store / 'mlflow.db'}"

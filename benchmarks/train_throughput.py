@@ -3,8 +3,9 @@
 For each configuration and backend, two fresh processes per repetition, interleaved, in
 alternating order (bare first in odd repetitions, workbench first in even ones):
 
-- ``bare``: the same SB3 ``PPO`` object the workbench builds (``workbench.train.build_model``
-  over ``workbench.envs.make_envs``: SB3's ``make_vec_env`` or the EnvPool adapter, plus
+- ``bare``: the same SB3 ``PPO`` object the workbench builds
+  (``workbench.training.trainer.build_model`` over ``workbench.envs.make_envs``:
+  SB3's ``make_vec_env`` or the EnvPool adapter, plus
   ``VecNormalize`` when configured), same torch threads, ``model.learn`` and nothing else;
 - ``workbench``: ``python -m workbench train`` with the same overrides: MLflow tracking, system
   metrics sampler, callbacks, console lines and progress bar included.
@@ -50,9 +51,10 @@ CONFIGS: dict[str, list[str]] = {
 def bare_child(overrides: list[str], steps: int, go_file: str | None = None) -> None:
     """SB3 PPO built exactly as the workbench builds it, learning with no extras."""
     import torch
-    from workbench import calibration, envs
+    from workbench import envs
     from workbench.config import load_config
-    from workbench.train import build_model, env_spec
+    from workbench.envs import calibration
+    from workbench.training.trainer import build_model, env_spec
 
     cfg = load_config([*overrides, f"total_timesteps={steps}"])
     choice = calibration.choose_vec_env(env_spec(cfg))
@@ -180,7 +182,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         bare_child(json.loads(args.bare), args.steps, args.go_file)
         return {}
     from time_to_reward import split_overrides
-    from workbench import envpool_vec
+    from workbench.envs import envpool_vec
 
     for item in args.config:
         name, _, overrides = item.partition("=")

@@ -43,7 +43,7 @@ class Sweep:
 @functools.cache
 def real_sweep(root: Path) -> Sweep:
     """Run the sweep once per session into a store under ``root``."""
-    from workbench.sweep import run_sweep
+    from workbench.sweeps.sweep import run_sweep
 
     experiments = root / "report-sweep" / "experiments"
     uri = f"sqlite:///{experiments / 'mlflow.db'}"

@@ -88,7 +88,7 @@ def leftover_processes(text: str, pgid: int) -> list[str]:
 @pytest.fixture(scope="session")
 def team_server() -> Iterator[TeamServer]:
     """Start the team server for the session; skip (visibly) only without PostgreSQL."""
-    from workbench import server
+    from workbench.team import server
 
     try:
         server.postgres_bin_dir()

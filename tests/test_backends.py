@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
-from workbench import cli, envpool_vec, envs
+from workbench import cli, envs
 from workbench.config import ConfigError, load_config
-from workbench.train import train
+from workbench.envs import envpool_vec
+from workbench.training import train
 
 from .conftest import TINY
 
@@ -115,7 +116,7 @@ def test_envpool_seed_call_recreates_pool_with_new_seeds() -> None:
 def test_envpool_matches_gymnasium_v5(env_id: str, steps: int) -> None:
     """Same spaces; without reset noise a fixed action sequence gives the same trajectory.
 
-    Tolerances (module docstring of workbench.envpool_vec): observations 1e-6 absolute (the
+    Tolerances (module docstring of workbench.envs.envpool_vec): observations 1e-6 absolute (the
     two MuJoCo builds round differently; HalfCheetah's contacts amplify it past 1e-6 only
     after ~60 steps), rewards 1e-5 relative (EnvPool returns float32).
     """
@@ -168,7 +169,7 @@ def test_envpool_missing_is_one_line_exit_2(store: Path, capsys: pytest.CaptureF
 def test_importing_envpool_leaves_the_environment_alone() -> None:
     # envpool's import sets MPLBACKEND=Agg: papermill kernels started later drew no figures.
     # A fresh interpreter, so that the import really runs.
-    code = ("import os; from workbench import envpool_vec; before = dict(os.environ); "
+    code = ("import os; from workbench.envs import envpool_vec; before = dict(os.environ); "
             "envpool_vec.import_envpool(); print(sorted(set(os.environ.items()) ^ "
             "set(before.items())))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MPL")}

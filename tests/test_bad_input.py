@@ -17,7 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from workbench import cli
 from workbench.config import ConfigError, load_config
-from workbench.train import train
+from workbench.training import train
 
 from .trained_run import FinishedRun, finished_run  # noqa: F401
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import gymnasium
 import pytest
 from mlflow.tracking import MlflowClient
-from workbench import calibration, envpool_vec, envs
+from workbench import envs
 from workbench.config import load_config
-from workbench.train import train
+from workbench.envs import calibration, envpool_vec
+from workbench.training import train
 
 from .conftest import TINY
 from .test_train import ExplodingEnv
@@ -104,7 +105,7 @@ def test_make_envs_resolves_auto(cache: Path) -> None:
     try:
         expected = calibration.choose_vec_env(envs.EnvSpec("Hopper-v5", 2, vec_env="auto"))
         kind = {"dummy": "DummyVecEnv", "subproc": "SubprocVecEnv", "envpool": "EnvPoolVecEnv"}
-        # The backend sits under workbench.faults' NaN/crash guard, as a guarded subclass.
+        # The backend sits under workbench.envs.guards' NaN/crash guard, as a guarded subclass.
         backend = type(venv.unwrapped).__mro__
         assert kind[expected.name] in {cls.__name__ for cls in backend}
         assert venv.reset().shape == (2, 11)

@@ -16,10 +16,10 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from stable_baselines3.common.callbacks import BaseCallback
-from workbench import checkpoint, envs
+from workbench import envs
 from workbench.config import load_config
-from workbench.faults import TrainingInterrupted
-from workbench.train import train
+from workbench.envs.guards import TrainingInterrupted
+from workbench.training import checkpoint, train
 
 from .conftest import TINY
 from .trained_run import CHECKPOINTED, FinishedRun, finished_run  # noqa: F401
@@ -107,9 +107,9 @@ class CountingWrapper(gymnasium.Wrapper):
 
 
 def test_only_known_state_is_claimed_exact() -> None:
-    from workbench import simstate
     from workbench.config import RandomizationConfig
-    from workbench.randomization import wrap
+    from workbench.envs import simstate
+    from workbench.envs.randomization import wrap
 
     from .faulty_envs import CrashingCheetah
 

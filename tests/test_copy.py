@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
-from workbench import cli, migrate
+from workbench import cli
+from workbench.team import migrate
 
 from tests.conftest import TINY
 from tests.teamserver import ALICE, TeamServer, free_port, logged_in
@@ -29,7 +30,7 @@ EXPERIMENT = "copy-source"
 def source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A local SQLite store with a parent run and one trained child run."""
     from workbench.config import load_config
-    from workbench.train import train
+    from workbench.training import train
 
     experiments = tmp_path_factory.mktemp("source") / "experiments"
     uri = f"sqlite:///{experiments / 'mlflow.db'}"

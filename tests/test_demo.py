@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 from workbench.config import load_config
-from workbench.train import train
+from workbench.training import train
 
 
 @pytest.mark.slow

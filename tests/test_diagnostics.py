@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
-from workbench import report
 from workbench.config import ConfigError
-from workbench.diagnostics import (
+from workbench.review import report
+from workbench.review.diagnostics import (
     Series,
     Thresholds,
     analyse_bottleneck,

@@ -16,9 +16,10 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from stable_baselines3 import PPO
-from workbench import cli, export
+from workbench import cli
 from workbench.config import load_config
-from workbench.train import train
+from workbench.deploy import export
+from workbench.training import train
 
 from .conftest import TINY, run_cli
 

@@ -24,9 +24,11 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 from stable_baselines3.common.callbacks import BaseCallback
-from workbench import checkpoint, envs, faults, outbox
+from workbench import envs
 from workbench.config import load_config
-from workbench.train import train
+from workbench.envs import guards
+from workbench.tracking import outbox
+from workbench.training import checkpoint, train
 
 from .conftest import ROOT, TINY, run_cli
 
@@ -100,7 +102,7 @@ def test_crashed_worker_names_env_rank_and_cause(fault: str, cause: str, store: 
 
 
 def test_worker_that_cannot_make_its_env_is_named(store: Path) -> None:
-    with pytest.raises(faults.EnvWorkerError, match=r"^environment HalfCheetah-v5 worker rank 0 "
+    with pytest.raises(guards.EnvWorkerError, match=r"^environment HalfCheetah-v5 worker rank 0 "
                        r"\(pid \d+\) crashed during make: TypeError: .*unexpected keyword "
                        r"argument 'no_such_kwarg'"):
         envs.make_envs(envs.EnvSpec("HalfCheetah-v5", 2, "subproc", kwargs={"no_such_kwarg": 1}))
@@ -111,7 +113,7 @@ def test_worker_that_cannot_make_its_env_is_named(store: Path) -> None:
 
 def test_nan_observation_fails_the_run_with_source_and_step(store: Path) -> None:
     env_id = FAULTY.format("NanObservationCheetah")
-    with pytest.raises(faults.NonFiniteError) as info:
+    with pytest.raises(guards.NonFiniteError) as info:
         train(load_config([*QUIET, f"env.id={env_id}"]))
     # Rank 1's 90th step is the vectorized step that brings num_timesteps to 180.
     assert str(info.value) == (
@@ -127,7 +129,7 @@ def test_nan_observation_fails_the_run_with_source_and_step(store: Path) -> None
 
 def test_huge_rewards_stop_at_the_nonfinite_loss(store: Path) -> None:
     env_id = FAULTY.format("HugeRewardCheetah")
-    with pytest.raises(faults.NonFiniteError,
+    with pytest.raises(guards.NonFiniteError,
                        match=r"^non-finite train/loss=(inf|nan), train/value_loss=(inf|nan) in "
                              r"the PPO update after step 256: lower algo.learning_rate"):
         # VecNormalize (on by default) would scale the rewards back to finite losses
@@ -144,7 +146,7 @@ def test_nonfinite_reward_and_action_are_named() -> None:
     try:
         venv.reset()
         actions = np.zeros((2, 6), dtype=np.float32)
-        with pytest.raises(faults.NonFiniteError) as info:
+        with pytest.raises(guards.NonFiniteError) as info:
             for _ in range(200):
                 venv.step(actions)
         assert str(info.value) == (
@@ -152,7 +154,7 @@ def test_nonfinite_reward_and_action_are_named() -> None:
             "NanRewardCheetah-v0 at step 180: inf in rewards of env rank 1"
         )
         actions[0, 2] = np.nan
-        with pytest.raises(faults.NonFiniteError, match=r"^non-finite values from the policy at "
+        with pytest.raises(guards.NonFiniteError, match=r"^non-finite values from the policy at "
                            r"step 180: nan in actions of env rank 0$"):
             venv.step(actions)
     finally:

@@ -30,9 +30,10 @@ import torch
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 from stable_baselines3 import PPO
-from workbench import config, envs, export, hub
+from workbench import config, envs
 from workbench.config import ConfigError, load_config
-from workbench.train import build_model, env_spec, train
+from workbench.deploy import export, hub
+from workbench.training.trainer import build_model, env_spec, train
 
 from .conftest import TINY, run_cli
 

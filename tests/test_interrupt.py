@@ -17,7 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 from mlflow.tracking import MlflowClient
-from workbench import checkpoint, runs
+from workbench.tracking import runs
+from workbench.training import checkpoint
 
 from .conftest import ROOT, TINY, run_cli
 
@@ -217,7 +218,7 @@ def test_kernel_interrupt_kills_the_run_and_keeps_the_kernel(store: Path) -> Non
     try:
         code = (
             "from workbench.config import load_config\n"
-            "from workbench.train import train\n"
+            "from workbench.training.trainer import train\n"
             f"train(load_config({[*BASE, 'total_timesteps=100000', 'env.vec_env=subproc']!r}))"
         )
         msg_id = kc.execute(code)

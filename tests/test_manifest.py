@@ -24,7 +24,8 @@ import psutil
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
-from workbench import cli, config, manifest, tracking
+from workbench import cli, config, tracking
+from workbench.tracking import manifest
 
 from .conftest import ROOT, TINY, run_cli
 
@@ -453,7 +454,7 @@ def test_notebook_kernel_is_detected_without_run_info(tmp_path: Path,
     params = nbformat.v4.new_code_cell("out = ''")
     params.metadata["tags"] = ["parameters"]
     nb.cells = [params, nbformat.v4.new_code_cell(
-        "from pathlib import Path\nfrom workbench import manifest\n"
+        "from pathlib import Path\nfrom workbench.tracking import manifest\n"
         "Path(out).write_text(manifest.to_json(manifest.collect_manifest(seed=5)))"
     )]
     nbformat.write(nb, source)

@@ -14,15 +14,16 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
-from workbench import envs, randomization
+from workbench import envs
 from workbench.config import ConfigError, RandomizationConfig, load_config
-from workbench.randomization import (
+from workbench.envs import randomization
+from workbench.envs.randomization import (
     ActionDelay,
     ActionNoise,
     ObservationNoise,
     PhysicsRandomization,
 )
-from workbench.robots import MINI_DUCK_ID
+from workbench.envs.robots import MINI_DUCK_ID
 
 PHYSICS = RandomizationConfig(
     friction=[0.5, 1.5], mass_scale=[0.8, 1.2], damping=[0.5, 2.0], actuator_gain=[0.7, 1.3]
@@ -301,7 +302,7 @@ def test_training_and_evaluation_envs_get_their_own_settings() -> None:
         "env.randomization.friction=[0.5,1.5]", "env.randomization.action_delay=1",
         "eval.randomization.obs_noise_std=0.2",
     ])
-    from workbench.train import env_spec
+    from workbench.training.trainer import env_spec
 
     spec = env_spec(cfg)
     train_env = envs.make_envs(spec)

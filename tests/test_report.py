@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
-from workbench import report
 from workbench.cli import main
 from workbench.config import ConfigError
-from workbench.report import Selection
+from workbench.review import report
+from workbench.review.report import Selection
 
 from . import reportdata
 from .conftest import ROOT

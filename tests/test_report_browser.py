@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from workbench import report
-from workbench.report import Selection
+from workbench.review import report
+from workbench.review.report import Selection
 
 from . import reportdata
 

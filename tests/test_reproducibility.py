@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
-from workbench import cli, manifest
+from workbench import cli
 from workbench.config import load_config
-from workbench.train import train
+from workbench.tracking import manifest
+from workbench.training import train
 
 from .conftest import TINY, run_cli
 

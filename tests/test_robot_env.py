@@ -19,12 +19,12 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 from workbench import envs
-from workbench.callbacks import RewardComponentsCallback, reward_component_callbacks
 from workbench.config import ConfigError, load_config
-from workbench.robots import MINI_DUCK_ID, importable_id
-from workbench.robots.duck import MiniDuckEnv, RewardWeights
-from workbench.robots.rendering import RenderingUnavailable
-from workbench.train import build_model, env_spec, train
+from workbench.envs.robots import MINI_DUCK_ID, importable_id
+from workbench.envs.robots.duck import MiniDuckEnv, RewardWeights
+from workbench.envs.robots.rendering import RenderingUnavailable
+from workbench.training.callbacks import RewardComponentsCallback, reward_component_callbacks
+from workbench.training.trainer import build_model, env_spec, train
 
 from .conftest import TINY, run_cli
 
@@ -267,7 +267,7 @@ def test_component_means_are_the_rollout_mean_reward() -> None:
 
 def test_subprocess_workers_know_the_robot() -> None:
     # forkserver workers import nothing of ours: the "module:id" form registers the duck there.
-    assert importable_id(MINI_DUCK_ID) == f"workbench.robots:{MINI_DUCK_ID}"
+    assert importable_id(MINI_DUCK_ID) == f"workbench.envs.robots:{MINI_DUCK_ID}"
     assert importable_id("Hopper-v5") == "Hopper-v5"
     venv = envs.make_envs(envs.EnvSpec(MINI_DUCK_ID, num_envs=2, vec_env="subproc"))
     try:

@@ -15,9 +15,9 @@ import psutil
 import pytest
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
-from workbench import sweep
 from workbench.config import ConfigError, SweepConfig, load_config
-from workbench.train import default_run_name
+from workbench.sweeps import sweep
+from workbench.training.trainer import default_run_name
 
 from .conftest import ROOT, TINY, run_cli
 

@@ -12,7 +12,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 from workbench.config import load_config
-from workbench.train import train
+from workbench.training import train
 
 from .conftest import TINY, run_cli
 

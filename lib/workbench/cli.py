@@ -28,7 +28,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from workbench.config import load_config
 
     cfg = load_config(args.overrides)
-    from workbench.train import train
+    from workbench.training import train
 
     run_info = {
         "started_by": "cli",
@@ -43,7 +43,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Run a sweep of notebooks/train.ipynb; exit 1 listing the points that did not finish."""
-    from workbench.sweep import run_sweep
+    from workbench.sweeps.sweep import run_sweep
 
     result = run_sweep(args.overrides)
     if result.failures:
@@ -71,54 +71,54 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    """Team mode: start, stop or report the shared MLflow server (workbench.server)."""
-    from workbench import server
+    """Team mode: start, stop or report the shared MLflow server (workbench.team.server)."""
+    from workbench.team import server
 
     return server.run_command(args)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    """Operations on recorded runs: ``runs copy`` (workbench.migrate)."""
+    """Operations on recorded runs: ``runs copy`` (workbench.team.migrate)."""
     return int(args.runs_func(args))
 
 
 def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
     """``workbench runs ACTION``: one sub-parser per action, each setting ``runs_func``."""
-    from workbench import migrate
+    from workbench.team import migrate
 
     actions = parser.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
     copy = actions.add_parser("copy", help=migrate.COPY_HELP, description=migrate.COPY_HELP)
     migrate.add_cli_arguments(copy)
     copy.set_defaults(runs_func=migrate.run_command)
-    from workbench import runs
+    from workbench.tracking import runs
 
     runs.add_cli_actions(actions)
 
 
 def cmd_manifest(args: argparse.Namespace) -> int:
     """Print this machine's manifest, or diff two runs' (exit 1 when they differ)."""
-    from workbench import manifest
+    from workbench.tracking import manifest
 
     return manifest.run_command(args)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Write reports/<name>/ (index.html, report.md, figures) for a sweep or a set of runs."""
-    from workbench import report
+    from workbench.review import report
 
     return report.run_command(args)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Export a run's policy to TorchScript + ONNX and verify it (workbench.export)."""
-    from workbench import export
+    """Export a run's policy to TorchScript + ONNX and verify it (workbench.deploy.export)."""
+    from workbench.deploy import export
 
     return export.main(args.overrides)
 
 
 def cmd_hub(args: argparse.Namespace) -> int:
-    """Push a run's policy bundle to the Hugging Face Hub, or pull one (workbench.hub)."""
-    from workbench import hub
+    """Push a run's policy bundle to the Hugging Face Hub, or pull one (workbench.deploy.hub)."""
+    from workbench.deploy import hub
 
     return hub.main(args.overrides)
 
@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(func=func)
         if name == "server":  # start|stop|status with their own flags
-            from workbench.server import add_cli_arguments
+            from workbench.team.server import add_cli_arguments
 
             add_cli_arguments(p)
             continue
@@ -191,12 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
             add_runs_arguments(p)
             continue
         if name == "manifest":  # its own arguments, including the 'diff' sub-command
-            from workbench.manifest import add_cli_arguments as add_manifest_args
+            from workbench.tracking.manifest import add_cli_arguments as add_manifest_args
 
             add_manifest_args(p)
             continue
         if name == "report":  # selectors, output options, one option per threshold
-            from workbench.report import add_cli_arguments as add_report_arguments
+            from workbench.review.report import add_cli_arguments as add_report_arguments
 
             add_report_arguments(p)
             continue
@@ -237,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as exc:
         print("workbench: interrupted", file=sys.stderr)
-        # workbench.faults.TrainingInterrupted carries the signal that stopped training.
+        # workbench.envs.guards.TrainingInterrupted carries the signal that stopped training.
         sigterm = received or getattr(exc, "signum", None) == signal.SIGTERM
         return EXIT_SIGTERM if sigterm else EXIT_SIGINT
     finally:

@@ -2,7 +2,7 @@
 
 The notebook stays thin (STYLE.md: thin notebooks): its first cell holds plain parameter
 values that papermill can override, and every other cell is one call into this module or
-into ``workbench.config`` / ``workbench.train``.
+into ``workbench.config`` / ``workbench.training.trainer``.
 
 Papermill injects overriding values as a new cell right after the ``parameters`` cell and
 only *warns* about names the notebook does not declare; it never checks types. The cell
@@ -30,7 +30,7 @@ from workbench.config import ConfigError
 if TYPE_CHECKING:
     import pandas
 
-    from workbench.train import TrainResult
+    from workbench.training.trainer import TrainResult
 
 # The notebook's parameters and their types (the parameters cell must declare exactly these;
 # tests/test_notebook.py checks the committed notebook against this table).

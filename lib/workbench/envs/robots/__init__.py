@@ -14,7 +14,7 @@ MINI_DUCK_ID = "Workbench/MiniDuck-v0"
 
 # id -> (entry point, time limit in steps)
 ROBOTS: dict[str, tuple[str, int]] = {
-    MINI_DUCK_ID: ("workbench.robots.duck:MiniDuckEnv", 1000),
+    MINI_DUCK_ID: ("workbench.envs.robots.duck:MiniDuckEnv", 1000),
 }
 
 

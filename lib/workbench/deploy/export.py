@@ -839,7 +839,7 @@ def main(tokens: Sequence[str]) -> int:
     if "run" in args:
         result = export_run(args["run"], **budget)
     else:
-        from workbench import hub
+        from workbench.deploy import hub
 
         bundle = hub.pull(args["repo_id"], args.get("revision")).directory if "repo_id" in args \
             else hub.bundle_directory(args["bundle"])

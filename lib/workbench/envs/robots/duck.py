@@ -32,7 +32,7 @@ from gymnasium import spaces
 from gymnasium.envs.mujoco import MujocoEnv
 from numpy.typing import NDArray
 
-from workbench.robots import rendering
+from workbench.envs.robots import rendering
 
 MODEL_FILE = "mini_duck.xml"
 FRAME_SKIP = 5  # 5 x 4 ms physics steps: 50 Hz control, like the real robot's loop
@@ -105,7 +105,7 @@ class MiniDuckEnv(MujocoEnv):
         if render_mode in ("rgb_array", "depth_array"):
             rendering.prefer_offscreen_backend()
         super().__init__(
-            str(resources.files("workbench").joinpath("assets", MODEL_FILE)),
+            str(resources.files("workbench.envs.robots").joinpath("assets", MODEL_FILE)),
             FRAME_SKIP,
             observation_space=None,
             render_mode=render_mode,

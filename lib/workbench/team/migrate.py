@@ -107,7 +107,7 @@ def check_server(url: str) -> None:
     MLflow's REST client would retry a refused connection for minutes and report a 401 as
     a long traceback; one quick request answers both questions first.
     """
-    from workbench.server import http_status
+    from workbench.team.server import http_status
 
     if http_status(f"{url}/health") == 0:
         raise ConfigError(f"--to {_redact(url)}: no MLflow server answers; start it "

@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from workbench import envpool_vec, envs
+from workbench import envs
+from workbench.envs import envpool_vec
 
 SAMPLE_SECONDS = 0.3  # stepping time per measured backend (after a short warm-up)
 MARGIN = 1.15  # a backend other than dummy must be this much faster to be chosen

@@ -108,7 +108,7 @@ def get_experiment_or_explain(client: MlflowClient, name: str, uri: str) -> Any:
     """``get_experiment_by_name``; a tracking server's 401 becomes one line (exit code 2).
 
     It is the first request a run makes, so a missing or wrong login (team mode, see
-    workbench.server) is reported before anything is created or computed.
+    workbench.team.server) is reported before anything is created or computed.
     """
     from mlflow.exceptions import MlflowException
 

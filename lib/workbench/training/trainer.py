@@ -25,22 +25,13 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.utils import get_linear_fn
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
-from workbench import (
-    calibration,
-    checkpoint,
-    config,
-    console,
-    envs,
-    faults,
-    hub,
-    manifest,
-    outbox,
-    resume,
-    runs,
-    tracking,
-)
-from workbench.callbacks import IterationCallback, evaluate, reward_component_callbacks
+from workbench import config, console, envs, tracking
 from workbench.config import WorkbenchConfig
+from workbench.deploy import hub
+from workbench.envs import calibration, guards
+from workbench.tracking import manifest, outbox, runs
+from workbench.training import checkpoint, resume
+from workbench.training.callbacks import IterationCallback, evaluate, reward_component_callbacks
 
 ACTIVATIONS = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU, "elu": torch.nn.ELU}
 
@@ -77,7 +68,7 @@ def train(
     ``run_info`` (command line, or notebook path and papermill parameters, overrides) goes
     into the manifest's ``run`` section; without it the manifest detects what it can.
     ``callbacks`` are extra SB3 callbacks run after the workbench's own (e.g. live plots).
-    With ``cfg.resume`` the run continues from its last checkpoint (:mod:`workbench.resume`).
+    With ``cfg.resume`` the run continues from its last checkpoint (training/resume.py).
     The run ends FINISHED, FAILED (error message in the ``error`` tag) or KILLED; a
     checkpoint of the last good state is kept in every case.
     """
@@ -86,7 +77,7 @@ def train(
     uri = tracking.resolve_tracking_uri(cfg.tracking.uri)
     resumed = resume.prepare(cfg, uri) if cfg.resume else None  # bad input: nothing written yet
     # A Hub policy to start from is pulled, verified and checked against cfg before the run
-    # exists, so a wrong repo or revision is bad input, not a failed run (workbench.hub).
+    # exists, so a wrong repo or revision is bad input, not a failed run (workbench.deploy.hub).
     # A resumed run starts from its checkpoint instead.
     init_bundle = None if resumed else hub.pull_for_init(cfg)
     runs.check_experiments_writable()
@@ -105,7 +96,7 @@ def train(
     run_tags = manifest.scrub({**run_tags_for(cfg), **cfg.tracking.tags, **(tags or {})})
     if parent_run_id:
         run_tags["mlflow.parentRunId"] = parent_run_id
-    if resumed:  # the same run continues (see workbench.resume)
+    if resumed:  # the same run continues (see workbench.training.resume)
         run = resumed.run
         delivery = outbox.DeliveryClient(uri, run.info.run_id)
         delivery.skip_logged = resume.reopen(client, resumed)
@@ -119,7 +110,7 @@ def train(
     eval_env: VecEnv | None = None
     model: PPO | None = None
     recovery: checkpoint.RecoveryCallback | None = None
-    interruption = faults.Interruption()
+    interruption = guards.Interruption()
     try:
         if init_bundle is not None:  # the pulled policy's pinned commit, in the manifest's run
             run_info = {**(run_info or {}), **hub.init_run_info(init_bundle)}
@@ -153,7 +144,7 @@ def train(
 
         started = time.perf_counter()
         own = [
-            faults.UpdateCheck(), *build_callbacks(cfg, eval_env),
+            guards.UpdateCheck(), *build_callbacks(cfg, eval_env),
             *reward_component_callbacks(train_env),
         ]
         with interruption.installed():  # first SIGINT/SIGTERM: stop after the current step
@@ -182,7 +173,7 @@ def train(
         client.set_terminated(run_id, "FINISHED")
     except KeyboardInterrupt as exc:
         saved = checkpoint.save_last_good(recovery, write=not interruption.forced)
-        client.set_tag(run_id, "error", faults.interrupt_reason(exc))
+        client.set_tag(run_id, "error", guards.interrupt_reason(exc))
         client.set_terminated(run_id, "KILLED")
         print_stopped(run_id, "KILLED", saved)
         raise
@@ -195,9 +186,9 @@ def train(
         raise
     finally:
         close_envs(train_env, eval_env)
-        faults.release_accelerator(model)
+        guards.release_accelerator(model)
         stop_system_metrics(monitor)
-        delivery.close()  # drains the outbox (see workbench.outbox)
+        delivery.close()  # drains the outbox (see workbench.tracking.outbox)
 
     result = TrainResult(
         run_id=run_id,

@@ -114,7 +114,7 @@ def unsupported_reason(
     if not is_installed():
         return f"the envpool package is not installed ({INSTALL_HINT})"
     if randomization is not None:
-        from workbench.randomization import is_active
+        from workbench.envs.randomization import is_active
 
         if is_active(randomization):
             return "env.randomization wraps gymnasium envs, which EnvPool does not use"

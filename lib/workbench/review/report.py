@@ -2,8 +2,9 @@
 
 ``workbench report sweep=<id> | experiment=<name> | runs=<id,id,...>`` (no selector: the
 latest sweep) loads the runs' metric histories and manifests, ranks the grid points by final
-evaluation reward, runs the diagnostics and bottleneck analysis (:mod:`workbench.diagnostics`),
-draws the figures (:mod:`workbench.figures`) and writes
+evaluation reward, runs the diagnostics and bottleneck analysis
+(:mod:`workbench.review.diagnostics`), draws the figures
+(:mod:`workbench.review.figures`) and writes
 
 - ``index.html``: one self-contained page (figures embedded as data URIs, inline CSS, no
   script, nothing fetched), opens from disk;
@@ -38,15 +39,15 @@ import numpy as np
 
 from workbench import paths
 from workbench.config import ConfigError
-from workbench.diagnostics import Bottleneck, Diagnostic, Series, Thresholds
+from workbench.review.diagnostics import Bottleneck, Diagnostic, Series, Thresholds
 
 if TYPE_CHECKING:  # mlflow and matplotlib load on use: `workbench --help` stays fast
     from mlflow.entities import Run
     from mlflow.tracking import MlflowClient
 
-    from workbench import figures
+    from workbench.review import figures
 
-MANIFEST_FILE = "manifest.json"  # workbench.manifest.MANIFEST_FILE, at the artifact root
+MANIFEST_FILE = "manifest.json"  # workbench.tracking.manifest.MANIFEST_FILE, at the artifact root
 DEFAULT_UI_URL = "http://127.0.0.1:5000"
 SWEEP_ID, SWEEP_ROLE, SWEEP_POINT = "sweep_id", "sweep.role", "sweep.point"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -532,7 +533,8 @@ def build_report(
     with_figures: bool = True,
 ) -> Report:
     """Select, load and analyse runs; render the figures (unless not wanted). Writes nothing."""
-    from workbench import diagnostics, tracking
+    from workbench import tracking
+    from workbench.review import diagnostics
 
     thresholds = thresholds or Thresholds()
     selection, found, parent = find_runs(client, selection, store)
@@ -575,7 +577,7 @@ def manifest_facts(manifest: Mapping[str, Any]) -> dict[str, str]:
     The manifest module decides what counts as environment (``manifest.comparable``: no
     timestamps, no per-invocation details; pip freeze per package); values become text.
     """
-    from workbench.manifest import comparable
+    from workbench.tracking.manifest import comparable
 
     return {key: fact_text(value) for key, value in comparable(manifest).items()}
 
@@ -591,7 +593,7 @@ def fact_text(value: Any) -> str:
 
 def headline_facts(manifest: Mapping[str, Any]) -> dict[str, str]:
     """The facts one filters by (versions, CUDA, GPU, kernel, host, git), as the run tags."""
-    from workbench.manifest import headline_tags
+    from workbench.tracking.manifest import headline_tags
 
     try:
         return headline_tags(manifest)
@@ -622,7 +624,7 @@ def environment_facts(runs: Sequence[RunRecord]) -> EnvironmentFacts:
 
 def render_figures(points: Sequence[Point], thresholds: Thresholds) -> list[FigureFile]:
     """The report's figures as PNG (points in rank order, one color each)."""
-    from workbench import figures
+    from workbench.review import figures
 
     colors = figures.palette([p.label for p in points])
 
@@ -692,7 +694,7 @@ def grid_cells(points: Sequence[Point]) -> dict[tuple[int, int], dict[str, float
 
 def time_split(point: Point) -> figures.TimeSplit:
     """Mean rollout/update/eval seconds per iteration over the point's runs."""
-    from workbench import figures
+    from workbench.review import figures
 
     def per_iteration(key: str) -> float:
         totals, iterations = 0.0, 0

@@ -8,7 +8,7 @@ what happens next, so that a resumed run logs exactly what the uninterrupted run
 - policy weights and optimizer (Adam) state, ``num_timesteps``, the update count;
 - the global RNG states (Python, NumPy: minibatch shuffling, torch: action sampling);
 - every training env copy's simulator state, time-limit counter and running episode return
-  (:mod:`workbench.simstate`), PPO's last observation and episode-start flags, the episode
+  (:mod:`workbench.envs.simstate`), PPO's last observation and episode-start flags, the episode
   statistics window behind ``rollout/ep_rew_mean``;
 - ``VecNormalize`` statistics and its per-env discounted returns; the evaluation env's RNG;
 - the logger values recorded but not yet written (SB3 logs an update's ``train/*`` values
@@ -47,8 +47,10 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import KVWriter
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecNormalize
 
-from workbench import faults, runs, tracking
-from workbench.outbox import DeliveryClient
+from workbench import tracking
+from workbench.envs import guards
+from workbench.tracking import runs
+from workbench.tracking.outbox import DeliveryClient
 
 FORMAT = "workbench-checkpoint/1"
 ARRAYS_FILE = "arrays.safetensors"
@@ -126,7 +128,7 @@ def env_states(venv: VecEnv) -> list[dict[str, Any]] | None:
 
 
 def is_restorable(venv: VecEnv) -> bool:
-    """True when every env copy's state is captured exactly (see :mod:`workbench.simstate`)."""
+    """True when every env copy's state is captured exactly (see :mod:`workbench.envs.simstate`)."""
     try:
         return all(venv.env_method("workbench_restorable"))
     except AttributeError:
@@ -157,9 +159,9 @@ def restore(model: Any, train_env: VecEnv, eval_env: VecEnv | None, state: dict[
             train_env.env_method("workbench_restore", env_state, indices=[rank])
         model._last_obs = state["last_obs"]
         model._last_episode_starts = state["last_episode_starts"]
-    else:  # state not restorable exactly (see workbench.simstate): fresh episodes
+    else:  # state not restorable exactly (see workbench.envs.simstate): fresh episodes
         print("workbench: note: these environments keep state a checkpoint cannot restore "
-              "exactly (see workbench.simstate); the resumed run starts fresh episodes",
+              "exactly (see workbench.envs.simstate); the resumed run starts fresh episodes",
               file=sys.stderr, flush=True)
         for rank, env_state in enumerate(state["envs"] or []):
             env_state = {**env_state, "physics": None}  # only the reset RNG stream
@@ -167,7 +169,7 @@ def restore(model: Any, train_env: VecEnv, eval_env: VecEnv | None, state: dict[
         model._last_obs = first_obs
         model._last_episode_starts = np.ones((train_env.num_envs,), dtype=bool)
     set_vecnormalize_state(train_env, state["vecnormalize"])
-    guarded = find_wrapper(train_env, faults.GuardedVecEnv)
+    guarded = find_wrapper(train_env, guards.GuardedVecEnv)
     if guarded is not None:
         guarded.num_timesteps = state["num_timesteps"]
     set_eval_env_state(eval_env, state["eval_env"])
@@ -469,7 +471,7 @@ class RecoveryCallback(BaseCallback):
     - At every iteration boundary: an in-memory snapshot (:func:`capture`); written as a
       checkpoint when ``every_steps`` have passed since the last due point, keeping the
       newest ``keep_last`` in the store.
-    - After every environment step: a stop requested by :class:`faults.Interruption` ends
+    - After every environment step: a stop requested by :class:`guards.Interruption` ends
       the rollout (the step in flight completes first); at most every
       ``runs.HEARTBEAT_INTERVAL_S`` seconds the run's heartbeat tag is refreshed.
     - At the end: the final state is written; after a stop request, the last boundary.
@@ -488,7 +490,7 @@ class RecoveryCallback(BaseCallback):
         *,
         every_steps: int,
         keep_last: int,
-        interruption: faults.Interruption,
+        interruption: guards.Interruption,
         existing_steps: Sequence[int] = (),
     ) -> None:
         super().__init__()
@@ -628,7 +630,8 @@ def load_model(model_zip: str | Path, env: VecEnv | None = None, *, allow_pickle
 
     from stable_baselines3 import PPO
 
-    from workbench import envs, train
+    from workbench import envs
+    from workbench.training import trainer
 
     model_zip = Path(model_zip)
     if allow_pickle:
@@ -641,8 +644,8 @@ def load_model(model_zip: str | Path, env: VecEnv | None = None, *, allow_pickle
         )
     cfg = config_from_yaml(config_path.read_text())
     cfg.device = device
-    env = env if env is not None else envs.make_eval_env(train.env_spec(cfg))
-    model = train.build_model(cfg, env)
+    env = env if env is not None else envs.make_eval_env(trainer.env_spec(cfg))
+    model = trainer.build_model(cfg, env)
     with zipfile.ZipFile(model_zip) as archive:
         weights = torch.load(io.BytesIO(archive.read("policy.pth")), map_location=device,
                              weights_only=True)

@@ -18,7 +18,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from workbench.diagnostics import Series
+from workbench.review.diagnostics import Series
 
 # Large type and thick lines: the figures are shown on a projector in team meetings.
 STYLE: dict[Any, Any] = {  # rcParams keys are Literal-typed in matplotlib's stubs

@@ -46,7 +46,7 @@ class IterationCallback(BaseCallback):
 
     def _on_training_start(self) -> None:
         # A resumed run starts at its checkpoint's num_timesteps: the evaluations due up to
-        # there were made before the checkpoint was taken (workbench.checkpoint).
+        # there were made before the checkpoint was taken (workbench.training.checkpoint).
         while self.every_steps > 0 and self.next_eval <= self.num_timesteps:
             self.next_eval += self.every_steps
 

@@ -39,7 +39,7 @@ import torch
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecCheckNan, VecEnv
 
-from workbench import simstate
+from workbench.envs import simstate
 
 # What a parent sees when a SubprocVecEnv worker is gone.
 PIPE_ERRORS = (EOFError, BrokenPipeError, ConnectionResetError)
@@ -163,7 +163,7 @@ class EnvGuard(gymnasium.Wrapper):
             raise
 
     def workbench_capture(self) -> dict[str, Any]:
-        """The copy's full state (see :mod:`workbench.simstate`)."""
+        """The copy's full state (see :mod:`workbench.envs.simstate`)."""
         return simstate.capture(self.env)
 
     def workbench_restore(self, state: dict[str, Any]) -> None:

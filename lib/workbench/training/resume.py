@@ -5,7 +5,7 @@ Run identity: **the same MLflow run is reopened** (status back to RUNNING, tags
 ``resume.previous_error``). One run keeps one curve, one row in the run table, and its sweep
 tags. Metric steps continue from the checkpoint's ``num_timesteps``; iterations between the
 checkpoint and the interruption are computed again, and the values the store already holds
-for them are not logged a second time (:class:`workbench.outbox.DeliveryClient`'s
+for them are not logged a second time (:class:`workbench.tracking.outbox.DeliveryClient`'s
 ``skip_logged``), so every key's steps stay strictly increasing.
 
 Configuration: a resumed run keeps the configuration it was trained with (the checkpoint's
@@ -29,8 +29,10 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
-from workbench import checkpoint, config, outbox, runs, tracking
+from workbench import config, tracking
 from workbench.config import ConfigError, WorkbenchConfig
+from workbench.tracking import outbox, runs
+from workbench.training import checkpoint
 
 # Keys a resume may set (prefixes end at a dot boundary). Everything else must match the run.
 MAY_CHANGE = (
@@ -86,7 +88,7 @@ def resume_config(composed: DictConfig, overrides: Sequence[str]) -> WorkbenchCo
     point = find(run_id, uri)
     merged = OmegaConf.create(config.to_dict(point.config))
     # The store the run was found in is where it continues (the saved URI has its password
-    # masked, see workbench.manifest.scrub).
+    # masked, see workbench.tracking.manifest.scrub).
     for key in {*keys, "tracking.uri"}:
         OmegaConf.update(merged, key, OmegaConf.select(composed, key), merge=False)
     return config.validate(merged)
@@ -219,7 +221,7 @@ def discard_incomplete(client: outbox.DeliveryClient, point: ResumePoint) -> Non
 def same_backend(spec: Any, point: ResumePoint | None) -> Any:
     """``spec`` with ``vec_env=auto`` pinned to the backend the run was trained with.
 
-    ``auto`` measures the machine (workbench.calibration) and could pick another backend
+    ``auto`` measures the machine (workbench.envs.calibration) and could pick another backend
     now; continuing on the same one is what keeps a resume exact.
     """
     chosen = point.run.data.params.get("derived.vec_env") if point else None

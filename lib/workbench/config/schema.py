@@ -192,7 +192,7 @@ class ReproConfig:
 
 @dataclass
 class InitConfig:
-    """Start training from a policy bundle pulled from the Hugging Face Hub (workbench.hub)."""
+    """Start training from a policy bundle pulled from the Hugging Face Hub (deploy/hub.py)."""
 
     hub_repo_id: str | None = None  # e.g. my-org/halfcheetah-ppo; None: fresh initialization
     hub_revision: str | None = None  # commit sha or tag (required with hub_repo_id); logged
@@ -262,11 +262,11 @@ def load_config(overrides: Sequence[str] = ()) -> WorkbenchConfig:
     """Compose, type-check and validate: the single entry point for configuration.
 
     With ``resume=<run_id>`` the result is that run's own config plus the allowed overrides
-    (see :mod:`workbench.resume`).
+    (see :mod:`workbench.training.resume`).
     """
     composed = compose(overrides)
     if composed.get("resume"):
-        from workbench import resume
+        from workbench.training import resume
 
         return resume.resume_config(composed, overrides)
     return validate(composed)
@@ -379,13 +379,13 @@ def check_values(cfg: WorkbenchConfig) -> None:
         )
     check_env_id(cfg.env.id)
     check_env_kwargs(cfg.env.id, cfg.env.kwargs)
-    from workbench import randomization  # wrappers import gymnasium: only when validating
+    from workbench.envs import randomization  # wrappers import gymnasium: only when validating
 
     randomization.check_settings("env.randomization", cfg.env.randomization, cfg.env.id)
     randomization.check_settings("eval.randomization", cfg.eval.randomization, cfg.env.id)
     check_init(cfg.init)
     if cfg.env.vec_env == "envpool":
-        from workbench.envpool_vec import check_support
+        from workbench.envs.envpool_vec import check_support
 
         check_support(cfg.env.id, cfg.env.kwargs, cfg.env.randomization)
 

@@ -5,7 +5,7 @@ Data flow::
     overrides --plan_sweep--> SweepPlan (validated; nothing computed or written yet)
       --prepare_store--> migrated store + one parent run (params: the grid)
       --executor (local threads | Ray tasks)--> execute_point, one per point:
-            papermill -> fresh kernel -> workbench.train (a child run under the parent)
+            papermill -> fresh kernel -> workbench.training.trainer (a child run under the parent)
       --> PointOutcome per point --> result table, exit code
 
 Properties (issue 4):
@@ -49,8 +49,9 @@ from typing import Any, Protocol
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from workbench import config, envs, paths, runs, tracking
+from workbench import config, envs, paths, tracking
 from workbench.config import ConfigError, SweepConfig, WorkbenchConfig
+from workbench.tracking import runs
 
 NOTEBOOK = "notebooks/train.ipynb"  # relative to the project root of whichever machine runs it
 # Config keys the grid sets for each point; overriding them for the whole sweep is an error.

@@ -3,9 +3,10 @@
 Built with SB3's own ``make_vec_env`` (Monitor wrapper for episode statistics, env rank ``r``
 seeded with ``seed + r``), optionally wrapped in ``VecNormalize``. Environment classes must
 live in importable modules: ``SubprocVecEnv`` starts its workers with the forkserver method,
-which re-imports them. ``vec_env="envpool"`` builds :class:`workbench.envpool_vec.EnvPoolVecEnv`
-(optional extra ``fast``) instead; ``vec_env="auto"`` is resolved by
-:mod:`workbench.calibration` (a short, cached measurement).
+which re-imports them. ``vec_env="envpool"`` builds
+:class:`workbench.envs.envpool_vec.EnvPoolVecEnv` (optional extra ``fast``)
+instead; ``vec_env="auto"`` is resolved by
+:mod:`workbench.envs.calibration` (a short, cached measurement).
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from stable_baselines3.common.vec_env import (
     VecNormalize,
 )
 
-from workbench import faults, robots  # robots registers the workbench's own ids
 from workbench.config import RandomizationConfig
-from workbench.randomization import is_active, wrap
+from workbench.envs import guards, robots  # robots registers the workbench's own ids
+from workbench.envs.randomization import is_active, wrap
 
 VecEnvClass = type[DummyVecEnv] | type[SubprocVecEnv]
 VEC_ENV_CLASSES: dict[str, VecEnvClass] = {"dummy": DummyVecEnv, "subproc": SubprocVecEnv}
@@ -53,13 +54,13 @@ class EnvSpec:
 def make_envs(spec: EnvSpec) -> VecEnv:
     """Training environments: ``num_envs`` copies, rank r seeded with ``seed + r``."""
     if spec.vec_env == "auto":
-        from workbench.calibration import resolve_spec
+        from workbench.envs.calibration import resolve_spec
 
         spec = resolve_spec(spec)
     env_kwargs = dict(spec.kwargs or {})
     venv: VecEnv
     if spec.vec_env == "envpool":
-        from workbench.envpool_vec import EnvPoolVecEnv
+        from workbench.envs.envpool_vec import EnvPoolVecEnv
 
         venv = EnvPoolVecEnv(
             spec.env_id,
@@ -76,12 +77,12 @@ def make_envs(spec: EnvSpec) -> VecEnv:
             robots.importable_id(spec.env_id),
             n_envs=spec.num_envs,
             seed=spec.seed,
-            vec_env_cls=faults.guarded(VEC_ENV_CLASSES[spec.vec_env], spec.env_id),
+            vec_env_cls=guards.guarded(VEC_ENV_CLASSES[spec.vec_env], spec.env_id),
             env_kwargs=env_kwargs,
             wrapper_class=randomization_wrapper(spec.randomization),
         )
-    # NaN/inf checks on raw values and named worker crashes (workbench.faults).
-    venv = faults.GuardedVecEnv(venv, spec.env_id)
+    # NaN/inf checks on raw values and named worker crashes (workbench.envs.guards).
+    venv = guards.GuardedVecEnv(venv, spec.env_id)
     if spec.normalize:
         venv = VecNormalize(
             venv,
@@ -109,9 +110,9 @@ def make_eval_env(
     venv = make_vec_env(
         robots.importable_id(spec.env_id), n_envs=1, seed=spec.seed + seed_offset,
         env_kwargs=env_kwargs, wrapper_class=randomization_wrapper(randomization),
-        vec_env_cls=faults.guarded(DummyVecEnv, spec.env_id),
+        vec_env_cls=guards.guarded(DummyVecEnv, spec.env_id),
     )
-    venv = faults.GuardedVecEnv(venv, spec.env_id)  # same wrapper depth as the training envs
+    venv = guards.GuardedVecEnv(venv, spec.env_id)  # same wrapper depth as the training envs
     if spec.normalize:
         venv = VecNormalize(
             venv, norm_obs=spec.norm_obs, norm_reward=False, clip_obs=spec.clip_obs, training=False

@@ -34,8 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from workbench import export, paths, tracking
+from workbench import paths, tracking
 from workbench.config import ConfigError, WorkbenchConfig
+from workbench.deploy import export
 
 BUNDLE_FORMAT = "workbench-policy-bundle/1"
 INDEX_NAME = "bundle.json"
@@ -213,7 +214,7 @@ def redact_config(text: str) -> str:
 
 
 def run_manifest(client: Any, run_id: str, work: Path) -> dict[str, Any] | None:
-    """The run's manifest.json (written by workbench.manifest), or None for older runs."""
+    """The run's manifest.json (written by workbench.tracking.manifest), or None for older runs."""
     if "manifest.json" not in {a.path for a in client.list_artifacts(run_id)}:
         return None
     path = Path(client.download_artifacts(run_id, "manifest.json", str(work)))
@@ -430,7 +431,7 @@ def load_bundle_source(directory: Path, label: str | None = None) -> export.Poli
     from safetensors.torch import load_file
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-    from workbench.train import build_model
+    from workbench.training.trainer import build_model
 
     index = read_index(directory)
     cfg = bundle_config(directory)

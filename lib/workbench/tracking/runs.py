@@ -5,7 +5,7 @@ loss, OOM killer). Every training stamps its run with a heartbeat (tag
 ``workbench.heartbeat``, Unix seconds, at most every :data:`HEARTBEAT_INTERVAL_S` while it
 steps its environments); :func:`reap_stale_runs` (``workbench runs reap``) marks RUNNING runs
 whose last sign of life is older than a threshold as KILLED. Writes that never reached the
-store stay in the run's outbox (:mod:`workbench.outbox`); :func:`sync_outboxes`
+store stay in the run's outbox (:mod:`workbench.tracking.outbox`); :func:`sync_outboxes`
 (``workbench runs sync``) delivers them, and reaping syncs first so that a run that finished
 during a store outage is not mistaken for a dead one.
 """
@@ -22,9 +22,10 @@ from typing import Any
 from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
 
-from workbench import outbox, paths, tracking
+from workbench import paths, tracking
 from workbench.config import ConfigError
-from workbench.outbox import HEARTBEAT_TAG
+from workbench.tracking import outbox
+from workbench.tracking.outbox import HEARTBEAT_TAG
 
 HEARTBEAT_INTERVAL_S = 10.0
 DEFAULT_STALE_AFTER_S = 300.0

@@ -1,0 +1,1 @@
+"""Deployment: export to TorchScript/ONNX and policy bundles on the Hugging Face Hub."""

@@ -1,0 +1,1 @@
+"""Review: reports, diagnostics and figures for team meetings."""

@@ -1,0 +1,1 @@
+"""Sweeps: grids of notebooks/train.ipynb executed by papermill, locally or on Ray."""

@@ -1,0 +1,1 @@
+"""Team mode: the shared MLflow server and copying runs between stores."""
