@@ -58,8 +58,7 @@ def collection_cost(calls: int) -> dict[str, float]:
 
 def train_wall_s(deterministic: bool, args: argparse.Namespace) -> float:
     """One training in this process; its measured training wall time (around ``learn``)."""
-    from workbench.config import load_config
-    from workbench.training import train
+    from workbench.training import load_config, train
 
     cfg = load_config([
         "env=halfcheetah", f"env.num_envs={args.num_envs}", f"algo.n_steps={args.n_steps}",

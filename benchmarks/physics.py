@@ -58,7 +58,7 @@ def mj_steps_per_second(env_id: str, seconds: float) -> tuple[float, int]:
 
 
 def physical_cores() -> int:
-    from workbench.envs import physical_cores as cores
+    from workbench.envs.cores import physical_cores as cores
 
     return cores()
 
@@ -84,8 +84,10 @@ def measure_renv(env_id: str, backends: list[str], sizes: list[int], reps: int,
     divided by the ceiling measured minutes apart from it, not by one from another moment
     (on shared machines the speed drifts by +-20 % within minutes).
     """
-    from workbench.envs import EnvSpec, envpool_vec, make_envs
+    from workbench.envs import envpool_vec
     from workbench.envs.calibration import stepping_rate
+    from workbench.envs.spec import EnvSpec
+    from workbench.envs.vector import make_envs
 
     usable = [b for b in backends if b != "envpool" or envpool_vec.is_installed()]
     rates: dict[str, dict[int, list[float]]] = {b: {n: [] for n in sizes} for b in usable}

@@ -67,8 +67,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--name", default="profile_default")
     parser.add_argument("overrides", nargs="*", help="workbench overrides (default: none)")
     args = parser.parse_args(argv)
-    from workbench.config import load_config
-    from workbench.training import train
+    from workbench.training import load_config, train
 
     store = Path(tempfile.mkdtemp(prefix="wb-profile-"))
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store / 'mlflow.db'}"

@@ -26,22 +26,25 @@ import tempfile
 import time
 from pathlib import Path
 
+from workbench.envs.vector import make_envs, make_eval_env
+from workbench.training.faults import Interruption
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def checkpoint_costs(saves: int) -> None:
     """Sizes and times of checkpoints for the default config after one PPO iteration."""
     from mlflow.tracking import MlflowClient
-    from workbench import config, envs
-    from workbench.config import load_config
-    from workbench.envs import guards
+    from workbench import config
+    from workbench.envs.spec import EnvSpec
     from workbench.tracking import outbox
-    from workbench.training import checkpoint, trainer
+    from workbench.training import checkpoint, load_config
+    from workbench.training.model import build_model
 
     cfg = load_config(["console.progress_bar=false", "console.iteration_lines=false"])
-    spec = trainer.env_spec(cfg)
-    train_env, eval_env = envs.make_envs(spec), envs.make_eval_env(spec)
-    model = trainer.build_model(cfg, train_env)
+    spec = EnvSpec.from_config(cfg)
+    train_env, eval_env = make_envs(spec), make_eval_env(spec)
+    model = build_model(cfg, train_env)
     model.learn(cfg.algo.n_steps * cfg.env.num_envs)  # one iteration: Adam state exists
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -53,7 +56,7 @@ def checkpoint_costs(saves: int) -> None:
         client = outbox.DeliveryClient(uri, run_id)
         recovery = checkpoint.RecoveryCallback(
             client, run_id, config.to_yaml(cfg), train_env, eval_env, every_steps=0,
-            keep_last=3, interruption=guards.Interruption())
+            keep_last=3, interruption=Interruption())
         captures, syncs, delivered = [], [], []
         for i in range(saves):
             started = time.perf_counter()

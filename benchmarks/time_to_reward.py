@@ -58,7 +58,8 @@ BUILTIN = ("workbench", "sb3", "zoo")
 def make_callback(env_id: str, seed: int, normalize: bool, args: dict[str, Any]) -> Any:
     """The time-to-reward callback with its own evaluation env (built here, in the child)."""
     from stable_baselines3.common.callbacks import BaseCallback
-    from workbench.envs import EnvSpec, make_eval_env
+    from workbench.envs.spec import EnvSpec
+    from workbench.envs.vector import make_eval_env
     from workbench.training.callbacks import evaluate
 
     eval_env = make_eval_env(EnvSpec(env_id, 1, seed=seed, normalize=normalize))
@@ -144,8 +145,7 @@ def workbench_run(overrides: list[str], seed: int, spec: dict[str, Any]) -> dict
     """A workbench configuration through ``train()`` (tracking and all) into a temp store."""
     import os
 
-    from workbench.config import load_config
-    from workbench.training import train
+    from workbench.training import load_config, train
 
     store = Path(tempfile.mkdtemp(prefix="wb-ttr-"))
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store / 'mlflow.db'}"

@@ -39,7 +39,7 @@ def bare_main(args: argparse.Namespace) -> None:
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
-    from workbench.envs import auto_torch_threads
+    from workbench.envs.cores import auto_torch_threads
 
     torch.set_num_threads(auto_torch_threads(args.num_envs, "dummy"))
     venv = make_vec_env(args.env_id, n_envs=args.num_envs, seed=0)

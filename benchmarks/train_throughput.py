@@ -34,6 +34,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
+from workbench.envs.cores import auto_torch_threads
+from workbench.envs.vector import make_envs
 
 # name -> workbench overrides. "default" is conf/ as shipped; "sb3-b64" is SB3's PPO defaults
 # with 8 envs and 256-step rollouts (the reference figures of issue 8).
@@ -51,16 +53,16 @@ CONFIGS: dict[str, list[str]] = {
 def bare_child(overrides: list[str], steps: int, go_file: str | None = None) -> None:
     """SB3 PPO built exactly as the workbench builds it, learning with no extras."""
     import torch
-    from workbench import envs
-    from workbench.config import load_config
     from workbench.envs import calibration
-    from workbench.training.trainer import build_model, env_spec
+    from workbench.envs.spec import EnvSpec
+    from workbench.training import load_config
+    from workbench.training.model import build_model
 
     cfg = load_config([*overrides, f"total_timesteps={steps}"])
-    choice = calibration.choose_vec_env(env_spec(cfg))
-    threads = cfg.torch_threads or envs.auto_torch_threads(cfg.env.num_envs, choice.name)
+    choice = calibration.choose_vec_env(EnvSpec.from_config(cfg))
+    threads = cfg.torch_threads or auto_torch_threads(cfg.env.num_envs, choice.name)
     torch.set_num_threads(threads)
-    venv = envs.make_envs(calibration.resolve_spec(env_spec(cfg)))
+    venv = make_envs(calibration.resolve_spec(EnvSpec.from_config(cfg)))
     model = build_model(cfg, venv)
 
     timer = harness.phase_timer()

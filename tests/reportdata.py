@@ -69,7 +69,7 @@ def written_report(root: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
     folder it writes. Tests read it; none writes into it."""
     sweep = real_sweep(root)
     out = root / "report-sweep" / "reports"
-    proc = run_cli("report", f"sweep={sweep.sweep_id}", "--out", str(out), env=sweep.env())
+    proc = run_cli("report", "--sweep", sweep.sweep_id, "--out", str(out), env=sweep.env())
     return proc, out / f"sweep-{sweep.sweep_id}"
 
 

@@ -15,10 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
-from workbench import cli, envs
-from workbench.config import ConfigError, load_config
+from workbench import cli
+from workbench.config import ConfigError
 from workbench.envs import envpool_vec
-from workbench.training import train
+from workbench.envs.spec import EnvSpec
+from workbench.envs.vector import make_envs
+from workbench.training import load_config, train
 
 from .conftest import TINY
 
@@ -46,10 +48,10 @@ def fixed_actions(steps: int, num_envs: int, dim: int, seed: int = 0) -> np.ndar
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_backend_steps_resets_and_seeds_reproducibly(backend: str) -> None:
-    spec = envs.EnvSpec("HalfCheetah-v5", num_envs=2, vec_env=backend, seed=3,
+    spec = EnvSpec("HalfCheetah-v5", num_envs=2, vec_env=backend, seed=3,
                         max_episode_steps=5)
     actions = fixed_actions(12, 2, 6)
-    first, second, other = (envs.make_envs(s) for s in (spec, spec, _reseeded(spec, 4)))
+    first, second, other = (make_envs(s) for s in (spec, spec, _reseeded(spec, 4)))
     try:
         obs_a, rew_a, done_a, infos = rollout(first, actions)
         obs_b, rew_b, done_b, _ = rollout(second, actions)
@@ -77,8 +79,8 @@ def test_backend_steps_resets_and_seeds_reproducibly(backend: str) -> None:
     np.testing.assert_array_equal(obs_a[0, 1], obs_c[0, 0])
 
 
-def _reseeded(spec: envs.EnvSpec, seed: int) -> envs.EnvSpec:
-    return envs.EnvSpec(spec.env_id, spec.num_envs, spec.vec_env, seed, spec.max_episode_steps)
+def _reseeded(spec: EnvSpec, seed: int) -> EnvSpec:
+    return EnvSpec(spec.env_id, spec.num_envs, spec.vec_env, seed, spec.max_episode_steps)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -121,8 +123,8 @@ def test_envpool_matches_gymnasium_v5(env_id: str, steps: int) -> None:
     after ~60 steps), rewards 1e-5 relative (EnvPool returns float32).
     """
     kwargs = {"reset_noise_scale": 0.0}
-    reference = envs.make_envs(envs.EnvSpec(env_id, 1, "dummy", kwargs=kwargs))
-    pool = envs.make_envs(envs.EnvSpec(env_id, 1, "envpool", kwargs=kwargs))
+    reference = make_envs(EnvSpec(env_id, 1, "dummy", kwargs=kwargs))
+    pool = make_envs(EnvSpec(env_id, 1, "envpool", kwargs=kwargs))
     try:
         assert pool.observation_space == reference.observation_space
         assert pool.action_space == reference.action_space

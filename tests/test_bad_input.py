@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 from workbench import cli
-from workbench.config import ConfigError, load_config
-from workbench.training import train
+from workbench.config import ConfigError
+from workbench.training import load_config, train
 
 from .trained_run import FinishedRun, finished_run  # noqa: F401
 

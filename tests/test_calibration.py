@@ -9,10 +9,11 @@ from pathlib import Path
 import gymnasium
 import pytest
 from mlflow.tracking import MlflowClient
-from workbench import envs
-from workbench.config import load_config
 from workbench.envs import calibration, envpool_vec
-from workbench.training import train
+from workbench.envs.cores import auto_torch_threads
+from workbench.envs.spec import EnvSpec
+from workbench.envs.vector import make_envs
+from workbench.training import load_config, train
 
 from .conftest import TINY
 from .test_train import ExplodingEnv
@@ -42,17 +43,17 @@ def test_decide_takes_the_fastest_beyond_the_margin(rates: dict[str, float],
 
 
 def test_candidates_follow_cores_and_task() -> None:
-    spec = envs.EnvSpec("HalfCheetah-v5", num_envs=8)
+    spec = EnvSpec("HalfCheetah-v5", num_envs=8)
     pool = ["envpool"] if envpool_vec.is_installed() else []
     assert calibration.candidates(spec, budget=2) == ["dummy", *pool]
     assert calibration.candidates(spec, budget=4) == ["dummy", *pool, "subproc"]
-    single = envs.EnvSpec("HalfCheetah-v5", num_envs=1)
+    single = EnvSpec("HalfCheetah-v5", num_envs=1)
     assert calibration.candidates(single, budget=4) == ["dummy", *pool]
-    assert calibration.candidates(envs.EnvSpec("CartPole-v1", 8), budget=2) == ["dummy"]
+    assert calibration.candidates(EnvSpec("CartPole-v1", 8), budget=2) == ["dummy"]
 
 
 def test_auto_calibrates_once_then_uses_the_cache(cache: Path) -> None:
-    spec = envs.EnvSpec("Hopper-v5", num_envs=4, vec_env="auto")
+    spec = EnvSpec("Hopper-v5", num_envs=4, vec_env="auto")
     first = calibration.choose_vec_env(spec, budget=2)
     assert first.name in {"dummy", "envpool"} and not first.cached
     assert set(first.rates) == set(calibration.candidates(spec, budget=2))
@@ -63,7 +64,7 @@ def test_auto_calibrates_once_then_uses_the_cache(cache: Path) -> None:
     second = calibration.choose_vec_env(spec, budget=2)
     assert second.cached and second.rates == first.rates and second.name == first.name
     # another env count is another measurement
-    other = calibration.choose_vec_env(envs.EnvSpec("Hopper-v5", 2, vec_env="auto"), budget=2)
+    other = calibration.choose_vec_env(EnvSpec("Hopper-v5", 2, vec_env="auto"), budget=2)
     assert not other.cached and len(json.loads(cache.read_text())) == 2
 
 
@@ -71,7 +72,7 @@ def test_auto_calibrates_once_then_uses_the_cache(cache: Path) -> None:
 def test_a_calibration_on_a_busy_machine_is_used_not_cached(
     cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spec = envs.EnvSpec("Hopper-v5", num_envs=4, vec_env="auto")
+    spec = EnvSpec("Hopper-v5", num_envs=4, vec_env="auto")
     monkeypatch.setattr(os, "getloadavg", lambda: (2.5, 2.0, 1.0))  # 1 + half of 2 cores: busy
     busy = calibration.choose_vec_env(spec, budget=2)
     assert busy.rates and not busy.cached and busy.name == calibration.decide(busy.rates)
@@ -85,7 +86,7 @@ def test_a_calibration_on_a_busy_machine_is_used_not_cached(
 
 def test_a_broken_env_never_stops_auto(cache: Path) -> None:
     gymnasium.register("WorkbenchTest/ExplodingCalibration-v0", entry_point=ExplodingEnv)
-    spec = envs.EnvSpec("WorkbenchTest/ExplodingCalibration-v0", 2, vec_env="auto")
+    spec = EnvSpec("WorkbenchTest/ExplodingCalibration-v0", 2, vec_env="auto")
     assert calibration.calibrate(spec, ["dummy"]) == {}  # stepping raised: no rate
     choice = calibration.choose_vec_env(spec, budget=2)  # only dummy applies: not measured
     assert (choice.name, choice.rates) == ("dummy", {})
@@ -93,7 +94,7 @@ def test_a_broken_env_never_stops_auto(cache: Path) -> None:
 
 
 def test_explicit_choice_is_not_calibrated(cache: Path) -> None:
-    choice = calibration.choose_vec_env(envs.EnvSpec("Hopper-v5", 4, vec_env="subproc"))
+    choice = calibration.choose_vec_env(EnvSpec("Hopper-v5", 4, vec_env="subproc"))
     assert (choice.name, choice.rates, choice.params()) == (
         "subproc", {}, {"derived.vec_env": "subproc"}
     )
@@ -101,9 +102,9 @@ def test_explicit_choice_is_not_calibrated(cache: Path) -> None:
 
 
 def test_make_envs_resolves_auto(cache: Path) -> None:
-    venv = envs.make_envs(envs.EnvSpec("Hopper-v5", 2, vec_env="auto"))
+    venv = make_envs(EnvSpec("Hopper-v5", 2, vec_env="auto"))
     try:
-        expected = calibration.choose_vec_env(envs.EnvSpec("Hopper-v5", 2, vec_env="auto"))
+        expected = calibration.choose_vec_env(EnvSpec("Hopper-v5", 2, vec_env="auto"))
         kind = {"dummy": "DummyVecEnv", "subproc": "SubprocVecEnv", "envpool": "EnvPoolVecEnv"}
         # The backend sits under workbench.envs.guards' NaN/crash guard, as a guarded subclass.
         backend = type(venv.unwrapped).__mro__
@@ -123,7 +124,7 @@ def test_auto_is_the_default_and_is_logged(store: Path, cache: Path) -> None:
     assert params["derived.vec_env_rates"] == ", ".join(
         f"{name} {rate:.0f}/s" for name, rate in sorted(rates.items())
     )
-    threads = envs.auto_torch_threads(2, params["derived.vec_env"])
+    threads = auto_torch_threads(2, params["derived.vec_env"])
     assert params["derived.torch_threads"] == str(threads)
 
 
@@ -141,4 +142,4 @@ def test_auto_is_the_default_and_is_logged(store: Path, cache: Path) -> None:
 )
 def test_torch_threads_never_oversubscribe(num_envs: int, vec_env: str, budget: int,
                                            expected: int) -> None:
-    assert envs.auto_torch_threads(num_envs, vec_env, budget) == expected
+    assert auto_torch_threads(num_envs, vec_env, budget) == expected

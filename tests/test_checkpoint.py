@@ -16,10 +16,11 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from stable_baselines3.common.callbacks import BaseCallback
-from workbench import envs
-from workbench.config import load_config
-from workbench.envs.guards import TrainingInterrupted
-from workbench.training import checkpoint, train
+from workbench.envs.spec import EnvSpec
+from workbench.envs.vector import make_envs, make_eval_env
+from workbench.training import checkpoint, load_config, train
+from workbench.training import model as model_io
+from workbench.training.faults import TrainingInterrupted
 
 from .conftest import TINY
 from .trained_run import CHECKPOINTED, FinishedRun, finished_run  # noqa: F401
@@ -64,9 +65,9 @@ def test_env_state_continues_bit_identically(env_id: str) -> None:
     Ant and Humanoid read MuJoCo's derived positions before each step: the integration
     state alone would differ in the first reward after the restore.
     """
-    spec = envs.EnvSpec(env_id, num_envs=2, seed=3, max_episode_steps=40)
+    spec = EnvSpec(env_id, num_envs=2, seed=3, max_episode_steps=40)
     rng = np.random.default_rng(0)
-    original, fresh = envs.make_envs(spec), envs.make_envs(spec.__class__(
+    original, fresh = make_envs(spec), make_envs(spec.__class__(
         env_id, num_envs=2, seed=99, max_episode_steps=40))
     try:
         original.reset()
@@ -275,19 +276,19 @@ def test_models_load_without_unpickling_unless_allowed(
     marker = tmp_path / "code-ran"
     poisoned = poisoned_copy(model_dir / "model.zip", tmp_path / "downloaded", marker)
 
-    model = checkpoint.load_model(poisoned)
+    model = model_io.load_model(poisoned)
     assert not marker.exists()  # the pickled entry was never loaded
     obs = np.zeros((1, *model.observation_space.shape), dtype=np.float32)
-    reference = checkpoint.load_model(model_dir / "model.zip")
+    reference = model_io.load_model(model_dir / "model.zip")
     assert np.array_equal(model.predict(obs, deterministic=True)[0],
                           reference.predict(obs, deterministic=True)[0])
     assert model.num_timesteps == 384
 
-    with pytest.raises(checkpoint.UnsafeLoadError, match="allow_pickle=True"):
-        checkpoint.load_vecnormalize(model_dir / "vecnormalize.pkl", envs.make_eval_env(
-            envs.EnvSpec("HalfCheetah-v5", 1)))
+    with pytest.raises(model_io.UnsafeLoadError, match="allow_pickle=True"):
+        model_io.load_vecnormalize(model_dir / "vecnormalize.pkl", make_eval_env(
+            EnvSpec("HalfCheetah-v5", 1)))
     # The threat is real: SB3's own loader (allow_pickle=True) runs the payload.
-    checkpoint.load_model(poisoned, allow_pickle=True)
+    model_io.load_model(poisoned, allow_pickle=True)
     assert marker.exists()
 
 

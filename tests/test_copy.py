@@ -29,8 +29,7 @@ EXPERIMENT = "copy-source"
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A local SQLite store with a parent run and one trained child run."""
-    from workbench.config import load_config
-    from workbench.training import train
+    from workbench.training import load_config, train
 
     experiments = tmp_path_factory.mktemp("source") / "experiments"
     uri = f"sqlite:///{experiments / 'mlflow.db'}"

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from workbench.config import load_config
-from workbench.training import train
+from workbench.training import load_config, train
 
 
 @pytest.mark.slow

@@ -17,9 +17,11 @@ import torch
 from mlflow.tracking import MlflowClient
 from stable_baselines3 import PPO
 from workbench import cli
-from workbench.config import load_config
 from workbench.deploy import export
-from workbench.training import train
+from workbench.envs.spec import EnvSpec
+from workbench.envs.vector import make_env
+from workbench.training import load_config, train
+from workbench.training.model import PolicySource
 
 from .conftest import TINY, run_cli
 
@@ -51,7 +53,8 @@ def module_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def exported(module_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Exported:
     """A tiny HalfCheetah run with VecNormalize, exported through the real command line."""
     result = train(load_config(NORMALIZED))
-    proc = run_cli("export", f"run={result.run_id}", "n_obs=64", "episodes=3", "warmup=20")
+    proc = run_cli("export", "--run", result.run_id, "--observations", "64", "--episodes", "3",
+                   "--warmup", "20")
     assert proc.returncode == 0, proc.stderr
     print(proc.stdout)  # the report table with the measured figures (pytest -s shows it)
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
@@ -61,7 +64,7 @@ def exported(module_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Ex
     return Exported(result.run_id, client, folder, report, proc.stdout)
 
 
-def load_policy(exported: Exported, tmp_path: Path) -> export.PolicySource:
+def load_policy(exported: Exported, tmp_path: Path) -> PolicySource:
     return export.load_run(exported.client, exported.run_id, tmp_path)
 
 
@@ -136,13 +139,13 @@ def test_replay_is_driven_by_onnx_and_matches_sb3_episodes(
     # The same seeded episodes driven by SB3 itself give the same returns: the graph's
     # normalization, network and clipping are SB3's.
     source = load_policy(exported, tmp_path)
-    env = export.make_env(source.config)
+    env = make_env(EnvSpec.from_config(source.config))
     sb3_returns = []
     for seed in seeds:
         obs, _ = env.reset(seed=seed)
         total, done = 0.0, False
         while not done:
-            action = export.reference_actions(source, obs.astype(np.float32)[None])[0]
+            action = source.deterministic_actions(obs.astype(np.float32)[None])[0]
             obs, reward, terminated, truncated, _ = env.step(action)
             total += float(reward)
             done = terminated or truncated
@@ -186,7 +189,7 @@ def test_export_without_normalization(tmp_path: Path) -> None:
     cfg = load_config(["env=inverted_pendulum", "env.max_episode_steps=20", "device=cpu"])
     model = PPO("MlpPolicy", gymnasium.make("InvertedPendulum-v5"), n_steps=64, batch_size=64,
                 seed=0, device="cpu")
-    source = export.PolicySource(model, None, cfg, None, None, origin="untrained")
+    source = PolicySource(model, None, cfg, None, None, origin="untrained")
     result = export.export_policy(source, tmp_path / "out", observations=16, episodes=1,
                                   calls=1000, warmup=0)
     assert result.passed
@@ -198,14 +201,18 @@ def test_export_without_normalization(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["export"], "export: name exactly one policy: run=<run_id>"),
-        (["export", "run"], "export: argument 'run': write key=value"),
-        (["export", "run=abc", "epsiodes=3"], "export: unknown argument 'epsiodes'"),
-        (["export", "run=abc", "calls=10"], "calls=10: latency needs at least 1000"),
-        (["export", "run=abc", "n_obs=many"], "export: n_obs='many': expected int"),
-        (["export", "run=0123abc"], "tracking store sqlite:///"),
-        (["export", "bundle=/nonexistent"], "bundle=/nonexistent: no bundle.json there"),
-        (["export", "run=x", "bundle=/tmp"], "export: name exactly one policy"),
+        (["export"], "export: one of the arguments --run --bundle --repo-id is required"),
+        (["export", "--run", "abc", "run"], "export: unrecognized arguments: run"),
+        (["export", "--run", "abc", "--epsiodes", "3"],
+         "export: unrecognized arguments: --epsiodes 3"),
+        (["export", "--run", "abc", "--calls", "10"], "calls=10: latency needs at least 1000"),
+        (["export", "--run", "abc", "--observations", "many"],
+         "export: argument --observations: invalid int value: 'many'"),
+        (["export", "--run", "0123abc"], "tracking store sqlite:///"),
+        (["export", "--bundle", "/nonexistent"], "/nonexistent: no bundle.json there"),
+        (["export", "--run", "x", "--bundle", "/tmp"],
+         "export: argument --bundle: not allowed with argument --run"),
+        (["export", "--bundle", "/tmp", "--revision", "v1"], "--revision: only with --repo-id"),
     ],
 )
 def test_bad_export_arguments_exit_2_with_one_line(
@@ -221,9 +228,9 @@ def test_bad_export_arguments_exit_2_with_one_line(
 def test_unknown_run_in_existing_store(
     exported: Exported, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(["export", "run=0123abc"]) == 2
+    assert cli.main(["export", "--run", "0123abc"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("workbench: error: run=0123abc: no such run in sqlite:///"), err
+    assert err.startswith("workbench: error: run 0123abc: no such run in sqlite:///"), err
     assert err.count("\n") == 1
 
 

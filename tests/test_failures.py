@@ -24,11 +24,11 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 from stable_baselines3.common.callbacks import BaseCallback
-from workbench import envs
-from workbench.config import load_config
 from workbench.envs import guards
+from workbench.envs.spec import EnvSpec
+from workbench.envs.vector import make_envs
 from workbench.tracking import outbox
-from workbench.training import checkpoint, train
+from workbench.training import checkpoint, load_config, train
 
 from .conftest import ROOT, TINY, run_cli
 
@@ -105,7 +105,7 @@ def test_worker_that_cannot_make_its_env_is_named(store: Path) -> None:
     with pytest.raises(guards.EnvWorkerError, match=r"^environment HalfCheetah-v5 worker rank 0 "
                        r"\(pid \d+\) crashed during make: TypeError: .*unexpected keyword "
                        r"argument 'no_such_kwarg'"):
-        envs.make_envs(envs.EnvSpec("HalfCheetah-v5", 2, "subproc", kwargs={"no_such_kwarg": 1}))
+        make_envs(EnvSpec("HalfCheetah-v5", 2, "subproc", kwargs={"no_such_kwarg": 1}))
 
 
 # --------------------------------------------------------------------------- non-finite values
@@ -142,7 +142,7 @@ def test_huge_rewards_stop_at_the_nonfinite_loss(store: Path) -> None:
 
 
 def test_nonfinite_reward_and_action_are_named() -> None:
-    venv = envs.make_envs(envs.EnvSpec(FAULTY.format("NanRewardCheetah"), 2, "dummy", seed=0))
+    venv = make_envs(EnvSpec(FAULTY.format("NanRewardCheetah"), 2, "dummy", seed=0))
     try:
         venv.reset()
         actions = np.zeros((2, 6), dtype=np.float32)

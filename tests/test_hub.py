@@ -30,10 +30,13 @@ import torch
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 from stable_baselines3 import PPO
-from workbench import config, envs
-from workbench.config import ConfigError, load_config
+from workbench import cli, config
+from workbench.config import ConfigError
 from workbench.deploy import export, hub
-from workbench.training.trainer import build_model, env_spec, train
+from workbench.envs.spec import EnvSpec
+from workbench.envs.vector import make_envs
+from workbench.training import load_config, train
+from workbench.training.model import build_model
 
 from .conftest import TINY, run_cli
 
@@ -197,7 +200,7 @@ def assert_no_token(*texts: str, folders: tuple[Path, ...] = ()) -> None:
 def test_push_uploads_bundle_card_and_tags_run(
     exported_run: Run, stand_in_hub: StandInHub, tmp_path: Path
 ) -> None:
-    proc = run_cli("hub", "push", f"run={exported_run.run_id}", f"repo_id={REPO}",
+    proc = run_cli("hub", "push", "--run", exported_run.run_id, "--repo-id", REPO,
                    env=hub_env(tmp_path, HF_ENDPOINT=stand_in_hub.url))
     assert proc.returncode == 0, proc.stderr
     (commit,) = stand_in_hub.commits
@@ -250,12 +253,11 @@ def test_push_refuses_without_token_or_offline(
     exported_run: Run, stand_in_hub: StandInHub, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from workbench import cli
 
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", stand_in_hub.url)
     monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", "/nonexistent/token")
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    argv = ["hub", "push", f"run={exported_run.run_id}", f"repo_id={REPO}"]
+    argv = ["hub", "push", "--run", exported_run.run_id, "--repo-id", REPO]
     assert cli.main(argv) == 2
     assert capsys.readouterr().err == ("workbench: error: hub push: no Hugging Face token; set "
                                        "HF_TOKEN or log in with `hf auth login`\n")
@@ -270,19 +272,23 @@ def test_push_refuses_without_token_or_offline(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["hub"], "hub: name an action: hub push"),
-        (["hub", "push", "repo_id=a/b"], "hub push: run= missing"),
-        (["hub", "push", "run=x", "repo_id=not a repo"], "repo_id=not a repo: "),
-        (["hub", "push", "run=x", "repo_id=a/b", "private=maybe"],
-         "hub push: private='maybe': expected bool (true|false)"),
-        (["hub", "pull", "repo_id=a/b"], "revision: missing for repo_id=a/b"),
-        (["hub", "pull", "revision=abc"], "repo_id: missing"),
+        (["hub"], "hub: the following arguments are required: ACTION"),
+        (["hub", "push", "--repo-id", "a/b"], "hub push: the following arguments are required: "
+         "--run"),
+        (["hub", "push", "--run", "x", "--repo-id", "not a repo"],
+         "repository id 'not a repo': "),
+        (["hub", "push", "--run", "x", "--repo-id", "a/b", "--public=maybe"],
+         "hub push: argument --public: ignored explicit argument 'maybe'"),
+        (["hub", "pull", "--repo-id", "a/b"], "hub pull: the following arguments are required: "
+         "--revision"),
+        (["hub", "pull", "--revision", "abc"], "hub pull: the following arguments are required: "
+         "--repo-id"),
+        (["hub", "pull", "--repo-id", "a/b", "--revision", ""], "revision: missing for a/b"),
     ],
 )
 def test_bad_hub_arguments_exit_2_with_one_line(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from workbench import cli
 
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
@@ -297,7 +303,7 @@ def test_pull_offline_from_cache_by_tag_then_commit(exported_run: Run, tmp_path:
     files = bundle_files(exported_run, tmp_path)
     commit = populate_cache(tmp_path / "hf-cache", REPO, files, refs={"v1": "HEAD"})
     env = hub_env(tmp_path, HF_HUB_OFFLINE="1")
-    proc = run_cli("hub", "pull", f"repo_id={REPO}", "revision=v1", env=env)
+    proc = run_cli("hub", "pull", "--repo-id", REPO, "--revision", "v1", env=env)
     assert proc.returncode == 0, proc.stderr
     directory = exported_run.store / "hub" / REPO / commit
     assert proc.stdout.strip().splitlines()[-1] == str(directory)
@@ -328,12 +334,11 @@ def test_pull_unknown_revision_offline_is_bad_input(
     exported_run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from workbench import cli
 
     offline_cache(monkeypatch, tmp_path / "empty-cache")
-    assert cli.main(["hub", "pull", f"repo_id={REPO}", "revision=v9"]) == 2
+    assert cli.main(["hub", "pull", "--repo-id", REPO, "--revision", "v9"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"workbench: error: repo_id={REPO} revision=v9: not in the local Hub "
+    assert err.startswith(f"workbench: error: {REPO}@v9: not in the local Hub "
                           f"cache ({tmp_path / 'empty-cache'}) and HF_HUB_OFFLINE=1; pull it "
                           "once with network access"), err
     assert err.count("\n") == 1
@@ -351,7 +356,7 @@ def test_pull_rejects_an_altered_bundle(
     files["samples.npz"] = altered.read_bytes()
     commit = populate_cache(tmp_path / "cache", REPO, files, refs={"bad": "HEAD"})
     offline_cache(monkeypatch, tmp_path / "cache")
-    assert hub.main(["pull", f"repo_id={REPO}", "revision=bad"]) == 1
+    assert cli.main(["hub", "pull", "--repo-id", REPO, "--revision", "bad"]) == 1
     err = capsys.readouterr().err
     assert err.strip().endswith("samples.npz differs from its sha256 in bundle.json")
     # Even with a matching index, parity against the shipped samples catches it.
@@ -413,7 +418,7 @@ def test_training_starts_from_a_pulled_bundle(
         assert torch.allclose(trained[name], tensor, atol=1e-6), name
     # the same configuration without the bundle starts elsewhere
     fresh_cfg = load_config([*NORMALIZED, "seed=1"])
-    fresh_env = envs.make_envs(env_spec(fresh_cfg))
+    fresh_env = make_envs(EnvSpec.from_config(fresh_cfg))
     try:
         fresh = build_model(fresh_cfg, fresh_env).policy.state_dict()
     finally:

@@ -217,7 +217,7 @@ def test_kernel_interrupt_kills_the_run_and_keeps_the_kernel(store: Path) -> Non
     km, kc = start_new_kernel(kernel_name="python3", cwd=str(ROOT), env={**os.environ})
     try:
         code = (
-            "from workbench.config import load_config\n"
+            "from workbench.training import load_config\n"
             "from workbench.training.trainer import train\n"
             f"train(load_config({[*BASE, 'total_timesteps=100000', 'env.vec_env=subproc']!r}))"
         )

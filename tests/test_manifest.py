@@ -24,8 +24,18 @@ import psutil
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
-from workbench import cli, config, tracking
+from workbench import cli, config
 from workbench.tracking import manifest
+from workbench.tracking.redaction import (
+    is_secret_name,
+    remote_without_credentials,
+    scrub,
+    scrub_command,
+    scrub_text,
+    scrub_yaml,
+    secret_values,
+)
+from workbench.tracking.store import ensure_experiment, make_client
 
 from .conftest import ROOT, TINY, run_cli
 
@@ -214,8 +224,8 @@ def test_dirty_tree_state_and_diff(dirty_repo: Path) -> None:
 
 def test_record_manifest_notebook_run_info_into_store(store: Path, dirty_repo: Path) -> None:
     uri = os.environ["MLFLOW_TRACKING_URI"]
-    client = tracking.make_client(uri)
-    experiment = tracking.ensure_experiment(client, "manifest-test", uri)
+    client = make_client(uri)
+    experiment = ensure_experiment(client, "manifest-test", uri)
     run_id = client.create_run(experiment, tags={"gpu": "set-by-caller"}).info.run_id
     run_info = {
         "notebook": "notebooks/train.ipynb",
@@ -259,27 +269,27 @@ def test_record_manifest_notebook_run_info_into_store(store: Path, dirty_repo: P
      ("MLFLOW_TRACKING_URI", False)],
 )
 def test_secret_names(name: str, secret: bool) -> None:
-    assert manifest.is_secret_name(name) is secret
+    assert is_secret_name(name) is secret
 
 
 def test_scrubbing_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MY_SERVICE_TOKEN", "tok_Secret_4242")
     monkeypatch.setenv("SHORT_KEY", "1")  # too short to hunt in text; still never recorded
-    secrets = manifest.secret_values()
+    secrets = secret_values()
     assert "tok_Secret_4242" in secrets and "1" not in secrets
-    assert manifest.scrub_text("postgresql://bob:pw@db:5432/m") == "postgresql://bob:***@db:5432/m"
-    assert manifest.scrub_text("redis://:pw@cache/0") == "redis://:***@cache/0"
-    assert manifest.scrub_text("sqlite:////tmp/x/mlflow.db") == "sqlite:////tmp/x/mlflow.db"
-    assert manifest.scrub_text("note=tok_Secret_4242!") == "note=***!"
-    assert (manifest.scrub_command("train +tracking.tags.api_key=abc seed=1")
+    assert scrub_text("postgresql://bob:pw@db:5432/m") == "postgresql://bob:***@db:5432/m"
+    assert scrub_text("redis://:pw@cache/0") == "redis://:***@cache/0"
+    assert scrub_text("sqlite:////tmp/x/mlflow.db") == "sqlite:////tmp/x/mlflow.db"
+    assert scrub_text("note=tok_Secret_4242!") == "note=***!"
+    assert (scrub_command("train +tracking.tags.api_key=abc seed=1")
             == "train +tracking.tags.api_key=*** seed=1")
-    assert manifest.scrub_command("tokenizers==0.15.2") == "tokenizers==0.15.2"
-    assert manifest.scrub({"a": {"password": "x", "n": 3, "token_budget": None}, "l": ["u"]}) == {
+    assert scrub_command("tokenizers==0.15.2") == "tokenizers==0.15.2"
+    assert scrub({"a": {"password": "x", "n": 3, "token_budget": None}, "l": ["u"]}) == {
         "a": {"password": "***", "n": 3, "token_budget": None}, "l": ["u"],
     }
-    assert (manifest.remote_without_credentials("https://x-access-token:ghs_1@github.com/o/r")
+    assert (remote_without_credentials("https://x-access-token:ghs_1@github.com/o/r")
             == "https://github.com/o/r")
-    assert manifest.remote_without_credentials("git@github.com:o/r.git") == "git@github.com:o/r.git"
+    assert remote_without_credentials("git@github.com:o/r.git") == "git@github.com:o/r.git"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     monkeypatch.setenv("NVIDIA_API_KEY", "nv_Secret_99")
     env = manifest.recorded_environment()
@@ -364,7 +374,7 @@ def _write_source(folder: Path, m: Mapping[str, Any], overrides: list[str]) -> P
     folder.mkdir(parents=True)
     (folder / "manifest.json").write_text(manifest.to_json(m))
     cfg = config.load_config([*TINY, *overrides])
-    (folder / "config.yaml").write_text(manifest.scrub_yaml(config.to_dict(cfg)))
+    (folder / "config.yaml").write_text(scrub_yaml(config.to_dict(cfg)))
     return folder
 
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
-from workbench import envs
-from workbench.config import ConfigError, RandomizationConfig, load_config
+from workbench.config import ConfigError, RandomizationConfig
 from workbench.envs import randomization
+from workbench.envs.backends import randomization_wrapper
 from workbench.envs.randomization import (
     ActionDelay,
     ActionNoise,
@@ -24,6 +24,8 @@ from workbench.envs.randomization import (
     PhysicsRandomization,
 )
 from workbench.envs.robots import MINI_DUCK_ID
+from workbench.envs.vector import make_envs, make_eval_env
+from workbench.training import load_config
 
 PHYSICS = RandomizationConfig(
     friction=[0.5, 1.5], mass_scale=[0.8, 1.2], damping=[0.5, 2.0], actuator_gain=[0.7, 1.3]
@@ -293,7 +295,7 @@ def test_nothing_configured_adds_no_wrapper() -> None:
     assert not randomization.is_active(RandomizationConfig())
     env = gymnasium.make("HalfCheetah-v5")
     assert randomization.wrap(env, RandomizationConfig()) is env
-    assert envs.randomization_wrapper(RandomizationConfig()) is None
+    assert randomization_wrapper(RandomizationConfig()) is None
 
 
 def test_training_and_evaluation_envs_get_their_own_settings() -> None:
@@ -302,11 +304,11 @@ def test_training_and_evaluation_envs_get_their_own_settings() -> None:
         "env.randomization.friction=[0.5,1.5]", "env.randomization.action_delay=1",
         "eval.randomization.obs_noise_std=0.2",
     ])
-    from workbench.training.trainer import env_spec
+    from workbench.envs.spec import EnvSpec
 
-    spec = env_spec(cfg)
-    train_env = envs.make_envs(spec)
-    eval_env = envs.make_eval_env(spec, randomization=cfg.eval.randomization)
+    spec = EnvSpec.from_config(cfg)
+    train_env = make_envs(spec)
+    eval_env = make_eval_env(spec, randomization=cfg.eval.randomization)
     try:
         assert train_env.env_is_wrapped(PhysicsRandomization) == [True, True]
         assert train_env.env_is_wrapped(ActionDelay) == [True, True]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
-from workbench.cli import main
+from workbench.cli import main, parse
 from workbench.config import ConfigError
 from workbench.review import report
 from workbench.review.report import Selection
@@ -189,9 +189,10 @@ def test_selection_by_run_ids_keeps_their_order(synthetic: dict[str, object]) ->
     assert picked(synthetic, Selection(run_ids=ids))[1] == ["plain", "old_a"]
 
 
-def test_parse_selectors_splits_config_overrides() -> None:
-    selection, overrides = report.parse_selectors(
-        ["runs=a,b", "tag.seed=0", "tracking.uri=sqlite:///x.db"])
+def test_selector_flags_and_config_overrides() -> None:
+    argv = ["report", "--runs", "a,b", "--tag", "seed=0", "tracking.uri=sqlite:///x.db"]
+    args, _ = parse(argv)
+    selection, overrides = report.selection_from_args(args), args.overrides
     assert selection == Selection(run_ids=("a", "b"), tags={"seed": "0"})
     assert overrides == ["tracking.uri=sqlite:///x.db"]
     assert Selection(sweep_id="s1").default_name() == "sweep-s1"
@@ -203,11 +204,11 @@ def test_parse_selectors_splits_config_overrides() -> None:
 
 @pytest.mark.parametrize("selection, message", [
     (Selection(sweep_id="nope"),
-     "sweep=nope: no runs with tag sweep_id=nope in {uri}; sweeps (latest first): s-resumed, "
+     "--sweep nope: no runs with tag sweep_id=nope in {uri}; sweeps (latest first): s-resumed, "
      "s-new, s-old"),
     (Selection(experiment="gamma"),
-     "experiment=gamma: no such experiment in {uri}; experiments: Default, alpha, beta"),
-    (Selection(run_ids=("0123abcd",)), "runs=0123abcd: no such run in {uri}"),
+     "--experiment gamma: no such experiment in {uri}; experiments: Default, alpha, beta"),
+    (Selection(run_ids=("0123abcd",)), "--runs 0123abcd: no such run in {uri}"),
     (Selection(experiment="beta", tags={"preset": "demo"}),
      "experiment 'beta', tag preset=demo: no runs match in {uri}"),
 ])
@@ -335,11 +336,12 @@ def test_manifest_facts_that_differ(scratch: tuple[MlflowClient, str, Path],
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["report", "sweep=a", "runs=b"], "sweep and runs: give only one of sweep=, experiment="),
-    (["report", "sweep="], "sweep=: empty value"),
-    (["report", "sweep=nope"], "sweep=nope: no runs with tag sweep_id=nope"),
+    (["report", "--sweep", "a", "--runs", "b"],
+     "report: argument --runs: not allowed with argument --sweep"),
+    (["report", "--sweep", ""], "report: argument --sweep: empty value"),
+    (["report", "--sweep", "nope"], "--sweep nope: no runs with tag sweep_id=nope"),
     (["report", "--approx-kl-max", "-1"], "threshold approx_kl_max=-1.0: must be > 0"),
-    (["report", "experiment=alpha", "--name", "../x"], "--name '../x': use letters"),
+    (["report", "--experiment", "alpha", "--name", "../x"], "--name '../x': use letters"),
     (["report", "algo.n_step=3"], "algo.n_step: unknown config key"),
 ])
 def test_bad_input_exits_2_in_one_line(synthetic: dict[str, object], tmp_path: Path,

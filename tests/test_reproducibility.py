@@ -16,9 +16,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from workbench import cli
-from workbench.config import load_config
 from workbench.tracking import manifest
-from workbench.training import train
+from workbench.training import load_config, train
 
 from .conftest import TINY, run_cli
 

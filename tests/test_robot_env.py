@@ -18,13 +18,15 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
-from workbench import envs
-from workbench.config import ConfigError, load_config
+from workbench.config import ConfigError
 from workbench.envs.robots import MINI_DUCK_ID, importable_id
 from workbench.envs.robots.duck import MiniDuckEnv, RewardWeights
 from workbench.envs.robots.rendering import RenderingUnavailable
+from workbench.envs.spec import EnvSpec
+from workbench.envs.vector import make_envs, make_eval_env
+from workbench.training import load_config, train
 from workbench.training.callbacks import RewardComponentsCallback, reward_component_callbacks
-from workbench.training.trainer import build_model, env_spec, train
+from workbench.training.model import build_model
 
 from .conftest import TINY, run_cli
 
@@ -220,8 +222,8 @@ def test_goal_gives_success_bonus_and_ends_the_episode() -> None:
 
 
 def test_reward_component_callback_only_for_envs_with_components() -> None:
-    duck = envs.make_envs(envs.EnvSpec(MINI_DUCK_ID, num_envs=1))
-    cheetah = envs.make_envs(envs.EnvSpec("HalfCheetah-v5", num_envs=1))
+    duck = make_envs(EnvSpec(MINI_DUCK_ID, num_envs=1))
+    cheetah = make_envs(EnvSpec("HalfCheetah-v5", num_envs=1))
     try:
         (callback,) = reward_component_callbacks(duck)
         assert isinstance(callback, RewardComponentsCallback) and callback.names == NAMES
@@ -245,7 +247,7 @@ def test_component_means_are_the_rollout_mean_reward() -> None:
             self.rewards.extend(float(r) for r in self.locals["rewards"])
             return True
 
-    venv = envs.make_envs(envs.EnvSpec(MINI_DUCK_ID, num_envs=2))
+    venv = make_envs(EnvSpec(MINI_DUCK_ID, num_envs=2))
     model = PPO("MlpPolicy", venv, n_steps=64, batch_size=64, n_epochs=1, seed=0, device="cpu")
     model.set_logger(Logger(folder=None, output_formats=[]))
     components, rewards = RewardComponentsCallback(NAMES), Rewards()
@@ -269,7 +271,7 @@ def test_subprocess_workers_know_the_robot() -> None:
     # forkserver workers import nothing of ours: the "module:id" form registers the duck there.
     assert importable_id(MINI_DUCK_ID) == f"workbench.envs.robots:{MINI_DUCK_ID}"
     assert importable_id("Hopper-v5") == "Hopper-v5"
-    venv = envs.make_envs(envs.EnvSpec(MINI_DUCK_ID, num_envs=2, vec_env="subproc"))
+    venv = make_envs(EnvSpec(MINI_DUCK_ID, num_envs=2, vec_env="subproc"))
     try:
         venv.reset()
         _, rewards, _, infos = venv.step(np.zeros((2, 8), dtype=np.float32))
@@ -335,11 +337,11 @@ def test_short_training_beats_random_and_untrained(store: Path, tmp_path: Path) 
     # The saved model (weights + normalization statistics) is what gets evaluated.
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     folder = Path(client.download_artifacts(result.run_id, "model", str(tmp_path)))
-    spec = env_spec(cfg)
+    spec = EnvSpec.from_config(cfg)
     episodes = cfg.eval.final_episodes
 
     def eval_env(normalize: bool) -> VecEnv:
-        venv = envs.make_eval_env(dataclasses.replace(spec, normalize=False))
+        venv = make_eval_env(dataclasses.replace(spec, normalize=False))
         if normalize:  # the run's frozen statistics, as at deployment
             venv = VecNormalize.load(str(folder / "vecnormalize.pkl"), venv)
             venv.training, venv.norm_reward = False, False

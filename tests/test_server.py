@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 from workbench import cli
-from workbench.config import load_config
 from workbench.team import server
+from workbench.training import load_config
 
 from tests.conftest import TINY
 from tests.teamserver import ALICE, TeamServer, free_port, logged_in

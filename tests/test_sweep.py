@@ -15,9 +15,10 @@ import psutil
 import pytest
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
-from workbench.config import ConfigError, SweepConfig, load_config
+from workbench.config import ConfigError, SweepConfig
 from workbench.sweeps import sweep
-from workbench.training.trainer import default_run_name
+from workbench.training import load_config
+from workbench.training.describe import default_run_name
 
 from .conftest import ROOT, TINY, run_cli
 

@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from workbench import tracking
+from workbench.tracking.redaction import redact_uri
+from workbench.tracking.store import TRUNCATION_MARK, resolve_tracking_uri, truncate
+from workbench.tracking.writer import MlflowWriter
 
 
 class RecordingClient:
@@ -22,7 +24,7 @@ class RecordingClient:
 
 def test_writer_redates_late_train_keys_to_their_iteration() -> None:
     client = RecordingClient()
-    writer = tracking.MlflowWriter(client, "run")  # type: ignore[arg-type]
+    writer = MlflowWriter(client, "run")  # type: ignore[arg-type]
     # Dump 1 (after rollout 1): no update yet.
     writer.write({"rollout/ep_rew_mean": 1.0, "time/fps": 10}, {}, step=128)
     # Dump 2: rollout 2 plus the update of iteration 1.
@@ -41,36 +43,36 @@ def test_writer_redates_late_train_keys_to_their_iteration() -> None:
 
 def test_writer_skips_non_numeric_values() -> None:
     client = RecordingClient()
-    writer = tracking.MlflowWriter(client, "run")  # type: ignore[arg-type]
+    writer = MlflowWriter(client, "run")  # type: ignore[arg-type]
     writer.write({"a": "text", "b": True, "c": 3}, {}, step=1)
     assert client.batches == [[("c", 3.0, 1)]]
 
 
 def test_truncate_marks_cut_values() -> None:
-    assert tracking.truncate("abc", 10) == "abc"
-    cut = tracking.truncate("x" * 50, 20)
-    assert len(cut) == 20 and cut.endswith(tracking.TRUNCATION_MARK)
+    assert truncate("abc", 10) == "abc"
+    cut = truncate("x" * 50, 20)
+    assert len(cut) == 20 and cut.endswith(TRUNCATION_MARK)
 
 
 def test_redact_uri_hides_password() -> None:
-    assert (tracking.redact_uri("postgresql://bob:s3cret@db:5432/mlflow")
+    assert (redact_uri("postgresql://bob:s3cret@db:5432/mlflow")
             == "postgresql://bob:***@db:5432/mlflow")
-    assert tracking.redact_uri("sqlite:///x/mlflow.db") == "sqlite:///x/mlflow.db"
+    assert redact_uri("sqlite:///x/mlflow.db") == "sqlite:///x/mlflow.db"
 
 
 def test_env_uri_wins(monkeypatch) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///a.db")
-    assert tracking.resolve_tracking_uri("sqlite:///b.db") == "sqlite:///a.db"
+    assert resolve_tracking_uri("sqlite:///b.db") == "sqlite:///a.db"
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
-    assert tracking.resolve_tracking_uri("sqlite:///b.db") == "sqlite:///b.db"
+    assert resolve_tracking_uri("sqlite:///b.db") == "sqlite:///b.db"
 
 
 FIRST_REQUEST = """
 import sys
-from workbench import tracking
+from workbench.tracking.store import ensure_experiment, make_client
 uri = sys.argv[1]
-client = tracking.make_client(uri)
-print(tracking.ensure_experiment(client, "workbench", uri))
+client = make_client(uri)
+print(ensure_experiment(client, "workbench", uri))
 """
 
 

@@ -11,8 +11,7 @@ import gymnasium
 import psutil
 import pytest
 from mlflow.tracking import MlflowClient
-from workbench.config import load_config
-from workbench.training import train
+from workbench.training import load_config, train
 
 from .conftest import TINY, run_cli
 

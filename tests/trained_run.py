@@ -39,8 +39,7 @@ class FinishedRun:
 
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FinishedRun]:
-    from workbench.config import load_config
-    from workbench.training import train
+    from workbench.training import load_config, train
 
     experiments = tmp_path_factory.mktemp("finished") / "experiments"
     uri = f"sqlite:///{experiments / 'mlflow.db'}"

@@ -1,7 +1,16 @@
-"""Command line: ``workbench <command> [HYDRA_OVERRIDES...]`` (also ``python -m workbench``).
+"""Command line: ``workbench COMMAND [--flags] [OVERRIDES...]`` (also ``python -m workbench``).
 
-Exit codes (DESIGN.md): 0 success; 2 bad input, reported in one line before any compute;
+One grammar for every command: argparse flags, and Hydra overrides as positional arguments
+where a command composes a config (train, sweep, ui, report, runs, manifest diff). Every
+parse error is one line (``workbench: error: COMMAND: ...``), exit code 2.
+
+Exit codes: 0 success; 2 bad input, reported in one line before any compute;
 130/143 interrupted (SIGINT/SIGTERM); 1 anything else.
+
+Each command's module is imported only when that command runs (the ``from workbench...``
+lines inside the ``setup_*`` functions): ``workbench --help`` or a typo then answers at once
+instead of loading torch, MLflow and matplotlib first. This is the only layer that imports
+lazily, and nothing imports it.
 """
 
 from __future__ import annotations
@@ -9,206 +18,222 @@ from __future__ import annotations
 import argparse
 import shlex
 import signal
-import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
+
+from workbench import config
+from workbench.config import ConfigError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143
+Runner = Callable[[argparse.Namespace], int]
 
 
 class BadInput(Exception):
     """A command-line argument that is not usable (exit code 2)."""
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    """Train one run and print its MLflow run id."""
-    from workbench.config import load_config
+class Parser(argparse.ArgumentParser):
+    """argparse with the workbench's error style: one line, raised as :class:`BadInput`."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("workbench").strip()
+        raise BadInput(f"{command + ': ' if command else ''}{message} (see `{self.prog} --help`)")
+
+
+def add_overrides(parser: argparse.ArgumentParser, example: str) -> None:
+    """The positional Hydra overrides of a command that composes the config."""
+    parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
+                        help=f"Hydra overrides, e.g. {example}")
+
+
+# --------------------------------------------------------------------------- train
+
+
+def config_epilog() -> str:
+    """The config groups with their options, and the presets (``train --help``)."""
+    lines = ["config groups (choose with GROUP=OPTION, e.g. env=hopper):"]
+    for group in config.GROUPS:
+        if group in ("experiment", "tuning"):
+            continue
+        lines.append(f"  {group:<10} {', '.join(config.group_options(group))}")
+    lines.append("  tuning     chosen from algo and env (conf/tuning/<algo>_<env>.yaml): "
+                 f"{', '.join(config.group_options('tuning'))}; ~tuning leaves it out")
+    lines.append("presets (experiment=NAME): " + ", ".join(config.group_options("experiment")))
+    lines.append("print the composed config without training: workbench train --cfg job "
+                 "[OVERRIDES]")
+    return "\n".join(lines)
+
+
+def setup_train(parser: argparse.ArgumentParser) -> Runner:
+    """``workbench train [--cfg job] [OVERRIDES]``."""
+    parser.add_argument("--cfg", choices=("job",),
+                        help="print the composed config (Hydra's --cfg job) and exit; no run")
+    add_overrides(parser, "env=hopper env.num_envs=8 algo.n_steps=256 seed=3")
+    parser.epilog = config_epilog()
+    return run_train
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Train one run and print its MLflow run id (or, with ``--cfg job``, the config)."""
+    from workbench.training import load_config, train  # torch, SB3, MLflow: only to train
 
     cfg = load_config(args.overrides)
-    from workbench.training import train
-
+    if args.cfg == "job":  # as Hydra's --cfg job: the composed, checked config, no run
+        print(config.to_yaml(cfg), end="")
+        return EXIT_OK
     run_info = {
         "started_by": "cli",
         "command": shlex.join(["workbench", *sys.argv[1:]]),
         "argv": list(sys.argv),
         "overrides": list(args.overrides),
     }
-    result = train(cfg, run_info=run_info)
-    print(result.run_id)
+    print(train(cfg, run_info=run_info).run_id)
     return EXIT_OK
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    """Run a sweep of notebooks/train.ipynb; exit 1 listing the points that did not finish."""
+# --------------------------------------------------------------------------- other commands
+
+
+def setup_sweep(parser: argparse.ArgumentParser) -> Runner:
+    """``workbench sweep [OVERRIDES]``."""
+    add_overrides(parser, "env=hopper 'sweep.num_envs=[1,2,4]' 'sweep.n_steps=[128,256]' "
+                          "'sweep.seeds=[0,1]' total_timesteps=50000")
     from workbench.sweeps.sweep import run_sweep
 
-    result = run_sweep(args.overrides)
-    if result.failures:
-        listed = ", ".join(f"{o.point} ({o.error})" for o in result.failures)
-        print(f"workbench: {len(result.failures)} of {len(result.outcomes)} points did not "
-              f"finish: {listed}", file=sys.stderr)
-        return EXIT_FAILED
-    return EXIT_OK
+    def run(args: argparse.Namespace) -> int:
+        result = run_sweep(args.overrides)
+        if result.failures:
+            listed = ", ".join(f"{o.point} ({o.error})" for o in result.failures)
+            print(f"workbench: {len(result.failures)} of {len(result.outcomes)} points did not "
+                  f"finish: {listed}", file=sys.stderr)
+            return EXIT_FAILED
+        return EXIT_OK
+
+    return run
 
 
-def cmd_ui(args: argparse.Namespace) -> int:
-    """Start the MLflow UI against the configured store, on 127.0.0.1."""
-    from workbench import tracking
-    from workbench.config import load_config
+def setup_ui(parser: argparse.ArgumentParser) -> Runner:
+    """``workbench ui [--host] [--port] [--workers] [OVERRIDES]``."""
+    from workbench.review import ui
 
-    cfg = load_config(args.overrides)
-    uri = tracking.resolve_tracking_uri(cfg.tracking.uri)
-    tracking.make_client(uri)  # creates the embedded store's folder if needed
-    print(f"MLflow UI on http://{args.host}:{args.port}  (store {tracking.redact_uri(uri)})")
-    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
-               "--host", args.host, "--port", str(args.port),
-               # One user, one machine: one worker starts fast (mlflow defaults to four).
-               "--workers", str(args.workers)]
-    return subprocess.call(command)
+    ui.add_cli_arguments(parser)
+    add_overrides(parser, "tracking.uri=sqlite:///path/to/mlflow.db")
+    return ui.run_command
 
 
-def cmd_server(args: argparse.Namespace) -> int:
-    """Team mode: start, stop or report the shared MLflow server (workbench.team.server)."""
+def setup_server(parser: argparse.ArgumentParser) -> Runner:
+    """``workbench server start|stop|status``."""
     from workbench.team import server
 
-    return server.run_command(args)
+    server.add_cli_arguments(parser)
+    return server.run_command
 
 
-def cmd_runs(args: argparse.Namespace) -> int:
-    """Operations on recorded runs: ``runs copy`` (workbench.team.migrate)."""
-    return int(args.runs_func(args))
-
-
-def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
-    """``workbench runs ACTION``: one sub-parser per action, each setting ``runs_func``."""
+def setup_runs(parser: argparse.ArgumentParser) -> Runner:
+    """``workbench runs copy|reap|sync``: one sub-parser per action, each setting ``runs_func``."""
     from workbench.team import migrate
+    from workbench.tracking import runs
 
     actions = parser.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
     copy = actions.add_parser("copy", help=migrate.COPY_HELP, description=migrate.COPY_HELP)
     migrate.add_cli_arguments(copy)
     copy.set_defaults(runs_func=migrate.run_command)
-    from workbench.tracking import runs
-
     runs.add_cli_actions(actions)
+    return lambda args: int(args.runs_func(args))
 
 
-def cmd_manifest(args: argparse.Namespace) -> int:
-    """Print this machine's manifest, or diff two runs' (exit 1 when they differ)."""
+def setup_manifest(parser: argparse.ArgumentParser) -> Runner:
+    """``workbench manifest [--format]`` and ``manifest diff RUN_A RUN_B``."""
     from workbench.tracking import manifest
 
-    return manifest.run_command(args)
+    manifest.add_cli_arguments(parser)
+    return manifest.run_command
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    """Write reports/<name>/ (index.html, report.md, figures) for a sweep or a set of runs."""
+def setup_report(parser: argparse.ArgumentParser) -> Runner:
+    """``workbench report [selectors] [output options] [thresholds] [OVERRIDES]``."""
     from workbench.review import report
 
-    return report.run_command(args)
+    report.add_cli_arguments(parser)
+    return report.run_command
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    """Export a run's policy to TorchScript + ONNX and verify it (workbench.deploy.export)."""
-    from workbench.deploy import export
+def setup_export(parser: argparse.ArgumentParser) -> Runner:
+    """``workbench export --run RUN_ID | --bundle DIR | --repo-id ORG/NAME --revision REV``."""
+    from workbench.deploy import commands
 
-    return export.main(args.overrides)
-
-
-def cmd_hub(args: argparse.Namespace) -> int:
-    """Push a run's policy bundle to the Hugging Face Hub, or pull one (workbench.deploy.hub)."""
-    from workbench.deploy import hub
-
-    return hub.main(args.overrides)
+    commands.add_export_arguments(parser)
+    return commands.export_command
 
 
-def key_value_arguments(
-    tokens: Sequence[str], allowed: Mapping[str, Callable[[str], Any]], *, command: str
-) -> dict[str, Any]:
-    """Parse ``key=value`` arguments of ``command`` into typed values.
+def setup_hub(parser: argparse.ArgumentParser) -> Runner:
+    """``workbench hub push|pull``."""
+    from workbench.deploy import commands
 
-    Unknown keys, repeated keys, missing ``=`` and values of the wrong type raise
-    ``ConfigError`` with one line naming the argument and the fix.
-    """
-    from workbench.config import ConfigError
-
-    parsed: dict[str, Any] = {}
-    for token in tokens:
-        key, sep, value = token.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"{command}: argument {token!r}: write key=value, e.g. run=<run_id>")
-        if key not in allowed:
-            keys = ", ".join(allowed)
-            raise ConfigError(f"{command}: unknown argument {key!r}; valid arguments: {keys}")
-        if key in parsed:
-            raise ConfigError(f"{command}: argument {key!r} given twice; give it once")
-        if not value:
-            raise ConfigError(f"{command}: {key}= is empty; give a value, e.g. {key}=...")
-        try:
-            parsed[key] = allowed[key](value)
-        except ValueError as exc:
-            kind = getattr(allowed[key], "__name__", "another value")
-            raise ConfigError(f"{command}: {key}={value!r}: expected {kind}") from exc
-    return parsed
+    commands.add_hub_arguments(parser)
+    return commands.hub_command
 
 
-COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {
-    "train": (cmd_train, "train one PPO run; prints its MLflow run id"),
-    "sweep": (cmd_sweep, "sweep notebooks/train.ipynb over sweep.num_envs x sweep.n_steps x "
-              "sweep.seeds with papermill"),
-    "ui": (cmd_ui, "open the MLflow UI on the configured store (127.0.0.1)"),
-    "server": (cmd_server, "team mode: shared MLflow server on PostgreSQL with basic auth: "
-               "server start|stop|status"),
-    "runs": (cmd_runs, "recorded runs: runs copy --from URI --to URI; runs reap; runs sync"),
-    "manifest": (cmd_manifest, "print this machine's environment manifest; "
-                 "'manifest diff RUN_A RUN_B' compares two runs"),
-    "report": (cmd_report, "write a review report for a sweep, an experiment or runs; "
-               "prints the path of its index.html"),
-    "export": (cmd_export, "export a run's policy to TorchScript + ONNX, verify parity, "
-               "replay and latency: export run=<run_id>"),
-    "hub": (cmd_hub, "Hugging Face Hub: hub push run=<run_id> repo_id=<org/name> | "
-            "hub pull repo_id=<org/name> revision=<sha|tag>"),
+@dataclass(frozen=True)
+class Command:
+    """One ``workbench`` verb: its help line and what adds its arguments."""
+
+    help: str
+    setup: Callable[[argparse.ArgumentParser], Runner]
+
+
+COMMANDS: dict[str, Command] = {
+    "train": Command("train one PPO run; prints its MLflow run id", setup_train),
+    "sweep": Command("sweep notebooks/train.ipynb over sweep.num_envs x sweep.n_steps x "
+                     "sweep.seeds with papermill", setup_sweep),
+    "ui": Command("open the MLflow UI on the configured store (127.0.0.1)", setup_ui),
+    "server": Command("team mode: shared MLflow server on PostgreSQL with basic auth: "
+                      "server start|stop|status", setup_server),
+    "runs": Command("recorded runs: runs copy --from URI --to URI; runs reap; runs sync",
+                    setup_runs),
+    "manifest": Command("print this machine's environment manifest; "
+                        "'manifest diff RUN_A RUN_B' compares two runs", setup_manifest),
+    "report": Command("write a review report for a sweep, an experiment or runs; "
+                      "prints the path of its index.html", setup_report),
+    "export": Command("export a run's policy to TorchScript + ONNX, verify parity, replay and "
+                      "latency: export --run RUN_ID", setup_export),
+    "hub": Command("Hugging Face Hub: hub push --run RUN_ID --repo-id ORG/NAME | "
+                   "hub pull --repo-id ORG/NAME --revision SHA|TAG", setup_hub),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with one sub-command per workbench verb."""
-    parser = argparse.ArgumentParser(
-        prog="workbench",
+def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, dict[str, Runner]]:
+    """The parser; only the command named in ``argv`` gets its arguments (and its imports).
+
+    Returns it with the runner of that command (an empty dict when ``argv`` names none).
+    """
+    parser = Parser(
+        prog="workbench", allow_abbrev=False,
         description="Experiment workbench for deep RL on robots (PPO on MuJoCo, MLflow, Hydra).",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (func, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(func=func)
-        if name == "server":  # start|stop|status with their own flags
-            from workbench.team.server import add_cli_arguments
+    runners: dict[str, Runner] = {}
+    for name, command in COMMANDS.items():
+        p = sub.add_parser(name, help=command.help, description=command.help, allow_abbrev=False,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        if name in argv[:1]:
+            runners[name] = command.setup(p)
+            p.set_defaults(command_parser=p)
+    return parser, runners
 
-            add_cli_arguments(p)
-            continue
-        if name == "runs":
-            add_runs_arguments(p)
-            continue
-        if name == "manifest":  # its own arguments, including the 'diff' sub-command
-            from workbench.tracking.manifest import add_cli_arguments as add_manifest_args
 
-            add_manifest_args(p)
-            continue
-        if name == "report":  # selectors, output options, one option per threshold
-            from workbench.review.report import add_cli_arguments as add_report_arguments
-
-            add_report_arguments(p)
-            continue
-        if name == "ui":
-            p.add_argument("--host", default="127.0.0.1")
-            p.add_argument("--port", type=int, default=5000)
-            p.add_argument("--workers", type=int, default=1, help="MLflow server worker processes")
-        p.add_argument(
-            "overrides", nargs="*", metavar="OVERRIDE",
-            help="Hydra overrides, e.g. env=hopper env.num_envs=8 algo.n_steps=256 seed=3",
-        )
-    return parser
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, Runner]:
+    """The parsed arguments and the runner of their command; an unknown argument is reported
+    by that command's parser (``workbench export: unrecognized arguments: ...``)."""
+    parser, runners = build_parser(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args, runners[args.command]
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -219,10 +244,7 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``workbench`` command; returns the process exit code."""
-    from workbench.config import ConfigError
-
-    parser = build_parser()
-    args = parser.parse_args(argv)  # argparse itself exits 2 on unknown commands
+    argv = list(sys.argv[1:] if argv is None else argv)
     received: list[int] = []
 
     def on_term(signum: int, frame: FrameType | None) -> None:
@@ -231,18 +253,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        return int(args.func(args))
+        args, run = parse(argv)
+        return int(run(args))
     except (ConfigError, BadInput) as exc:
         print(f"workbench: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as exc:
         print("workbench: interrupted", file=sys.stderr)
-        # workbench.envs.guards.TrainingInterrupted carries the signal that stopped training.
+        # workbench.training.faults.TrainingInterrupted carries the signal that stopped training.
         sigterm = received or getattr(exc, "signum", None) == signal.SIGTERM
         return EXIT_SIGTERM if sigterm else EXIT_SIGINT
     finally:
-        if "workbench.envs" in sys.modules:
-            sys.modules["workbench.envs"].stop_worker_servers()
+        stop_worker_servers()
+
+
+def stop_worker_servers() -> None:
+    """Stop multiprocessing's helper processes when environments were built (no orphans)."""
+    cores: Any = sys.modules.get("workbench.envs.cores")  # loaded only if envs were built
+    if cores is not None:
+        cores.stop_worker_servers()
 
 
 if __name__ == "__main__":

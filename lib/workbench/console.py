@@ -1,9 +1,7 @@
-"""What training prints: a header of derived values, a progress bar, a line per iteration,
-and a final summary table.
+"""What the workbench prints for people: aligned ``key: value`` headers, tables, numbers.
 
-Field practice: a bare progress bar is not enough to debug RL. The header says what runs
-where (spaces, device, rollout size), each iteration line shows reward, entropy, KL,
-clip fraction and the rollout/update time split, the summary says where results went.
+Plain printing only (no training or tracking imports), shared by training, sweeps and the
+Hub commands: the header says what runs where, the summary table where results went.
 """
 
 from __future__ import annotations
@@ -11,22 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.logger import KVWriter
-from tqdm.auto import tqdm
-
-# (logger key, label, format) of the per-iteration line.
-LINE_FIELDS: tuple[tuple[str, str, str], ...] = (
-    ("rollout/ep_rew_mean", "rew", "{:.1f}"),
-    ("rollout/ep_len_mean", "len", "{:.0f}"),
-    ("train/entropy", "ent", "{:.3f}"),
-    ("train/approx_kl", "kl", "{:.4f}"),
-    ("train/clip_fraction", "clip", "{:.3f}"),
-    ("time/fps", "fps", "{:.0f}"),
-    ("time/rollout_s", "roll", "{:.2f}s"),
-    ("time/update_s", "upd", "{:.2f}s"),
-)
 
 
 def format_value(value: Any, fmt: str) -> str:
@@ -36,59 +18,6 @@ def format_value(value: Any, fmt: str) -> str:
     except (TypeError, ValueError):
         return str(value)
     return fmt.format(number) if math.isfinite(number) else str(number)
-
-
-class ConsoleWriter(KVWriter):
-    """SB3 logger output printing one concise line per PPO iteration (above the progress bar).
-
-    ``train/*`` and ``time/update_s`` shown on a line are those of the latest update.
-    """
-
-    def __init__(self, total_iterations: int) -> None:
-        self.total_iterations = total_iterations
-        self.latest: dict[str, Any] = {}
-
-    def write(
-        self,
-        key_values: dict[str, Any],
-        key_excluded: dict[str, tuple[str, ...]],
-        step: int = 0,
-    ) -> None:
-        self.latest.update(key_values)
-        if "time/iterations" not in key_values:
-            return  # the closing dump with the last update's values: the summary shows them
-        parts = [f"it {key_values['time/iterations']}/{self.total_iterations}", f"{step} steps"]
-        for key, label, fmt in LINE_FIELDS:
-            if key in self.latest:
-                parts.append(f"{label} {format_value(self.latest[key], fmt)}")
-        if "eval/mean_reward" in key_values:
-            parts.append(f"eval {format_value(key_values['eval/mean_reward'], '{:.1f}')}")
-        tqdm.write(" | ".join(parts))
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-
-class ProgressBarCallback(BaseCallback):
-    """A tqdm bar over environment steps (works in a terminal and in JupyterLab)."""
-
-    def __init__(self, total: int) -> None:
-        super().__init__()
-        self.total = total
-        self.bar: Any = None
-        self.shown = 0
-
-    def _on_training_start(self) -> None:
-        self.bar = tqdm(total=self.total, unit="step", dynamic_ncols=True, leave=False)
-
-    def _on_step(self) -> bool:
-        self.bar.update(self.num_timesteps - self.shown)
-        self.shown = self.num_timesteps
-        return True
-
-    def _on_training_end(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def print_header(lines: Mapping[str, Any]) -> None:

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import KVWriter
 
-from workbench import tracking
 from workbench.config import ConfigError
+from workbench.tracking.redaction import redact_uri
+from workbench.tracking.writer import LATE_PREFIXES, numeric_items
 
 if TYPE_CHECKING:
     import pandas
@@ -222,8 +223,8 @@ class CurveHistory(KVWriter):
         step: int = 0,
     ) -> None:
         own_keys = False
-        for key, value in tracking.numeric_items(key_values):
-            late = key.startswith(tracking.LATE_PREFIXES)
+        for key, value in numeric_items(key_values):
+            late = key.startswith(LATE_PREFIXES)
             own_keys = own_keys or not late
             if key in self.points:
                 at = self.previous_step if late and self.previous_step is not None else step
@@ -339,6 +340,6 @@ def summary_frame(result: TrainResult) -> pandas.DataFrame:
         ("wall time", f"{result.wall_time_s:.1f} s"),
         ("peak RSS", f"{result.peak_rss_mb:.0f} MiB"),
         ("artifacts", result.artifact_uri),
-        ("tracking", tracking.redact_uri(result.tracking_uri)),
+        ("tracking", redact_uri(result.tracking_uri)),
     ]
     return pandas.DataFrame(rows, columns=["", "value"]).set_index("")

@@ -1,3 +1,50 @@
-"""Configuration: the typed schema behind ``conf/``, Hydra composition and validation."""
+"""Configuration: the typed schema behind ``conf/``, Hydra composition and pure checks.
 
-from workbench.config.schema import *  # noqa: F403  (the public API of the config layer)
+    schema.py   the dataclasses (one per config group) and their plain-dict forms
+    compose.py  conf/config.yaml + overrides -> validated config (``load_config``)
+    checks.py   merging into the schema, range and cross-field checks
+    derived.py  rollout size, minibatches, iterations, env seeds
+    errors.py   ``ConfigError``: one line naming the key, the problem and the fix (exit 2)
+
+This layer imports nothing else of the workbench but :mod:`workbench.paths`.
+"""
+
+from workbench.config.checks import check_values, from_yaml, validate
+from workbench.config.compose import (
+    GROUPS,
+    SCHEMA_NAME,
+    check_overrides,
+    compose,
+    conf_dir,
+    group_options,
+    load_config,
+)
+from workbench.config.derived import Derived, derive
+from workbench.config.errors import ConfigError
+from workbench.config.schema import (
+    AlgoConfig,
+    CheckpointConfig,
+    ConsoleConfig,
+    EnvConfig,
+    EvalConfig,
+    InitConfig,
+    PolicyConfig,
+    RandomizationConfig,
+    RayConfig,
+    ReproConfig,
+    SweepConfig,
+    TrackingConfig,
+    WorkbenchConfig,
+    flatten,
+    schema_type,
+    to_dict,
+    to_yaml,
+)
+
+__all__ = [
+    "GROUPS", "SCHEMA_NAME", "AlgoConfig", "CheckpointConfig", "ConfigError", "ConsoleConfig",
+    "Derived", "EnvConfig", "EvalConfig", "InitConfig", "PolicyConfig", "RandomizationConfig",
+    "RayConfig", "ReproConfig", "SweepConfig", "TrackingConfig", "WorkbenchConfig",
+    "check_overrides", "check_values", "compose", "conf_dir", "derive", "flatten", "from_yaml",
+    "group_options", "load_config", "schema_type", "to_dict", "to_yaml", "validate",
+]

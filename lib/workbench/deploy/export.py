@@ -27,7 +27,6 @@ import json
 import logging
 import math
 import os
-import sys
 import tempfile
 import time
 import warnings
@@ -43,7 +42,13 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.distributions import DiagGaussianDistribution
 from stable_baselines3.common.vec_env import VecNormalize
 
-from workbench.config import ConfigError, WorkbenchConfig
+from workbench import config
+from workbench.config import ConfigError, RandomizationConfig, WorkbenchConfig
+from workbench.envs.spec import EnvSpec
+from workbench.envs.vector import make_env
+from workbench.tracking.redaction import redact_uri
+from workbench.tracking.store import is_embedded, make_client, resolve_tracking_uri
+from workbench.training.model import PolicySource
 
 PARITY_TOLERANCE = 1e-5  # max abs action difference allowed on CPU (issue 7)
 DEFAULT_OBSERVATIONS = 256
@@ -58,22 +63,6 @@ REPORT_NAME = "export_report.json"
 ARTIFACT_DIR = "export"
 
 
-@dataclass
-class PolicySource:
-    """A trained policy with what inference needs: the SB3 model, its normalization, the env."""
-
-    model: PPO
-    vecnormalize: VecNormalize | None  # frozen statistics (training=False); None: raw obs
-    config: WorkbenchConfig
-    eval_mean_reward: float | None  # the training log's final evaluation, for the replay
-    eval_std_reward: float | None
-    origin: str  # "run <id>" or "bundle <dir>", for reports
-
-    def normalize(self, obs: np.ndarray) -> np.ndarray:
-        """Observations as the policy saw them in training (SB3's own ``normalize_obs``)."""
-        if self.vecnormalize is None:
-            return obs.astype(np.float32)
-        return np.asarray(self.vecnormalize.normalize_obs(obs))
 
 
 @dataclass
@@ -151,16 +140,6 @@ def observation_dim(source: PolicySource) -> int:
     return int(flatdim(source.model.observation_space))
 
 
-def config_from_yaml(text: str) -> WorkbenchConfig:
-    """A stored config.yaml, validated by the schema (YAML safe loading: no code runs)."""
-    from omegaconf import DictConfig, OmegaConf
-
-    from workbench import config
-
-    tree = OmegaConf.create(text)
-    if not isinstance(tree, DictConfig):
-        raise ConfigError("config.yaml: expected a mapping of config keys")
-    return config.validate(tree)
 
 
 def deployed_policy(source: PolicySource) -> DeployedPolicy:
@@ -241,16 +220,6 @@ def onnx_session(path: Path, threads: int = 0) -> Any:
 # --------------------------------------------------------------------------- environments
 
 
-def make_env(cfg: WorkbenchConfig) -> Any:
-    """One raw gymnasium env as training built it (same id, kwargs and time limit)."""
-    import gymnasium
-
-    import workbench.envs  # noqa: F401  (registers the workbench's own environments)
-
-    kwargs = dict(cfg.env.kwargs)
-    if cfg.env.max_episode_steps is not None:
-        kwargs["max_episode_steps"] = cfg.env.max_episode_steps
-    return gymnasium.make(cfg.env.id, **kwargs)
 
 
 def record_observations(source: PolicySource, count: int, seed: int) -> np.ndarray:
@@ -259,7 +228,7 @@ def record_observations(source: PolicySource, count: int, seed: int) -> np.ndarr
     Stochastic actions visit more states than the deterministic ones the checks compare.
     Returned as float32: what a deployer feeds the exported graph.
     """
-    env = make_env(source.config)
+    env = make_env(EnvSpec.from_config(source.config))
     rows: list[np.ndarray] = []
     try:
         obs, _ = env.reset(seed=seed)
@@ -275,10 +244,6 @@ def record_observations(source: PolicySource, count: int, seed: int) -> np.ndarr
     return np.stack(rows)
 
 
-def reference_actions(source: PolicySource, obs: np.ndarray) -> np.ndarray:
-    """SB3's ``predict(deterministic=True)`` through the run's own normalization."""
-    actions, _ = source.model.predict(source.normalize(obs), deterministic=True)
-    return np.asarray(actions, dtype=np.float32)
 
 
 # --------------------------------------------------------------------------- the three checks
@@ -323,7 +288,7 @@ def replay(
     evaluation uses few episodes, so this is a sanity check, not a statistical test.
     """
     session = onnx_session(onnx_path)
-    env = make_env(cfg)
+    env = make_env(EnvSpec.from_config(cfg))
     returns: list[float] = []
     lengths: list[int] = []
     try:
@@ -367,8 +332,6 @@ def replay(
 
 def randomization_note(cfg: WorkbenchConfig) -> str | None:
     """Why replay and training log may differ by design: the replay runs the nominal task."""
-    from workbench.config import RandomizationConfig
-
     if cfg.eval.randomization == RandomizationConfig():
         return None
     return ("the logged evaluation ran under eval.randomization; this replay runs the nominal "
@@ -552,7 +515,7 @@ def export_policy(
     opset = export_onnx(module, onnx_path, obs_dim)
 
     obs = record_observations(source, observations, cfg.seed + OBS_SEED_OFFSET)
-    expected = reference_actions(source, obs)
+    expected = source.deterministic_actions(obs)
     np.savez(directory / "samples.npz", observations=obs, actions=expected)
     parity = check_parity(expected, obs, torchscript_path, onnx_path)
     replayed = replay(onnx_path, cfg, episodes, cfg.seed + REPLAY_SEED_OFFSET,
@@ -614,15 +577,15 @@ def load_run(client: Any, run_id: str, workdir: Path) -> PolicySource:
     names = {a.path for a in client.list_artifacts(run_id, "model")}
     if "model/model.zip" not in names:
         raise ConfigError(
-            f"run={run_id}: has no model/model.zip (status {run.info.status}); export needs "
+            f"run {run_id}: has no model/model.zip (status {run.info.status}); export needs "
             "a run whose training finished"
         )
     folder = Path(client.download_artifacts(run_id, "model", str(workdir)))
-    cfg = config_from_yaml((folder / "config.yaml").read_text())
+    cfg = config.from_yaml((folder / "config.yaml").read_text())
     model = PPO.load(folder / "model.zip", device="cpu")
     vecnormalize = None
     if (folder / "vecnormalize.pkl").exists():
-        venv = DummyVecEnv([lambda: make_env(cfg)])
+        venv = DummyVecEnv([lambda: make_env(EnvSpec.from_config(cfg))])
         vecnormalize = VecNormalize.load(str(folder / "vecnormalize.pkl"), venv)
         vecnormalize.training = False
     metrics = run.data.metrics
@@ -639,15 +602,14 @@ def load_run(client: Any, run_id: str, workdir: Path) -> PolicySource:
 def open_store(tracking_uri: str | None = None) -> Any:
     """A client for the configured store; an embedded store must already exist (reading a
     run never creates an empty database)."""
-    from workbench import tracking
 
-    uri = tracking.resolve_tracking_uri(tracking_uri)
-    if tracking.is_embedded(uri) and not Path(uri.removeprefix("sqlite:///")).exists():
+    uri = resolve_tracking_uri(tracking_uri)
+    if is_embedded(uri) and not Path(uri.removeprefix("sqlite:///")).exists():
         raise ConfigError(
             f"tracking store {uri} does not exist: no runs to read; train one first or set "
             "MLFLOW_TRACKING_URI to the store that holds the run"
         )
-    return tracking.make_client(uri)
+    return make_client(uri)
 
 
 def latest_run_id(experiment: str = "workbench", tracking_uri: str | None = None) -> str:
@@ -670,14 +632,13 @@ def get_run(client: Any, run_id: str) -> Any:
     """The MLflow run ``run_id`` or a ConfigError naming the store."""
     from mlflow.exceptions import MlflowException
 
-    from workbench import tracking
 
     try:
         return client.get_run(run_id)
     except MlflowException as exc:
-        store = tracking.redact_uri(str(client.tracking_uri))
+        store = redact_uri(str(client.tracking_uri))
         raise ConfigError(
-            f"run={run_id}: no such run in {store}; pass a run id printed by `workbench train` "
+            f"run {run_id}: no such run in {store}; pass a run id printed by `workbench train` "
             "(or set MLFLOW_TRACKING_URI to the store that holds it)"
         ) from exc
 
@@ -733,7 +694,7 @@ def export_run(
 def check_budget(observations: int, episodes: int, calls: int, warmup: int) -> None:
     """Reject sizes the checks cannot work with, before anything runs."""
     if observations < 1:
-        raise ConfigError(f"n_obs={observations}: must be >= 1 (e.g. n_obs=256)")
+        raise ConfigError(f"observations={observations}: must be >= 1 (e.g. 256)")
     if episodes < 1:
         raise ConfigError(f"episodes={episodes}: must be >= 1 (e.g. episodes=5)")
     if calls < MIN_CALLS:
@@ -804,49 +765,3 @@ def fp16_line(fp16: Mapping[str, Any]) -> str:
 def quiet_downloads() -> None:
     """No per-file progress bars when fetching a run's few small artifacts (command line)."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-
-
-ARGUMENTS: dict[str, type] = {
-    "run": str, "bundle": str, "repo_id": str, "revision": str,
-    "n_obs": int, "episodes": int, "calls": int, "warmup": int,
-}
-
-
-def main(tokens: Sequence[str]) -> int:
-    """``workbench export run=<id> | bundle=<dir> | repo_id=<org/name> revision=<rev>``.
-
-    With ``run=`` the files and the report are logged to the run; with a pulled Hub bundle
-    (``bundle=`` its directory, or ``repo_id=``/``revision=`` to pull it first) the same
-    checks run on the bundle's ONNX graph and weights, and the report is written next to it.
-    """
-    from workbench.cli import key_value_arguments
-
-    args = key_value_arguments(tokens, ARGUMENTS, command="export")
-    quiet_downloads()
-    budget = {
-        "observations": args.get("n_obs", DEFAULT_OBSERVATIONS),
-        "episodes": args.get("episodes", DEFAULT_EPISODES),
-        "calls": args.get("calls", DEFAULT_CALLS),
-        "warmup": args.get("warmup", DEFAULT_WARMUP),
-    }
-    check_budget(**budget)
-    sources = [k for k in ("run", "bundle", "repo_id") if k in args]
-    if len(sources) != 1:
-        raise ConfigError(
-            "export: name exactly one policy: run=<run_id>, bundle=<pulled bundle dir> or "
-            "repo_id=<org/name> revision=<sha|tag>"
-        )
-    if "run" in args:
-        result = export_run(args["run"], **budget)
-    else:
-        from workbench.deploy import hub
-
-        bundle = hub.pull(args["repo_id"], args.get("revision")).directory if "repo_id" in args \
-            else hub.bundle_directory(args["bundle"])
-        result = hub.verify_export(bundle, **budget)
-    print(format_report(result.report))
-    print(f"files: {result.directory}")
-    if not result.passed:
-        print("workbench: export parity check failed (see the report above)", file=sys.stderr)
-        return 1
-    return 0

@@ -1,45 +1,52 @@
 """Hugging Face Hub: push a run's policy bundle, pull one back by a pinned revision.
 
-A result is reproducible only when the exact model can be fetched again (FIELD_NOTES.md:
-"version data and models so anyone can fetch exactly the same versions by repository id and
-revision"). ``push`` uploads one commit and records its SHA on the MLflow run
-(``hub.repo_id``, ``hub.revision``); ``pull`` downloads exactly one commit into
-``experiments/hub/<org>/<name>/<commit>`` and verifies it before anything uses it.
-
-A bundle holds nothing executable: ``policy.onnx``, ``weights.safetensors``,
-``normalization.json``, ``samples.npz`` (loaded with ``allow_pickle=False``), YAML/JSON text,
-the model card. The SB3 ``model.zip`` and ``vecnormalize.pkl`` are pickles and never leave the
-user's own store.
-
-The token comes from ``HF_TOKEN`` or the standard login (``hf auth login``), resolved by
-``huggingface_hub`` itself; the workbench never reads it into a message, a file, the manifest
-or MLflow. ``HF_HUB_OFFLINE=1`` makes ``pull`` use the local Hub cache only.
+A result is reproducible only when the exact model can be fetched again by repository id and
+revision. ``push`` writes the run's bundle (:func:`write_bundle`: the export's ONNX graph and
+samples, safetensors weights, normalization JSON, config, manifest, a model card) and uploads
+it as one commit whose SHA is recorded on the MLflow run (``hub.repo_id``, ``hub.revision``);
+``pull`` downloads exactly one commit (:mod:`workbench.training.bundle`) and verifies it
+before anything uses it, ONNX graph included (:func:`verify_bundle`). The SB3 ``model.zip``
+and ``vecnormalize.pkl`` are pickles and never leave the user's own store.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import re
 import shlex
 import shutil
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from workbench import paths, tracking
+from workbench import config, console
 from workbench.config import ConfigError, WorkbenchConfig
+from workbench.config.compose import hydra_value
 from workbench.deploy import export
+from workbench.tracking.redaction import redact_uri
+from workbench.tracking.store import set_tags
+from workbench.training.bundle import (
+    BUNDLE_FORMAT,
+    INDEX_NAME,
+    PARITY_TOLERANCE,
+    BundleError,
+    PulledBundle,
+    check_files,
+    check_repo_id,
+    check_weights,
+    checks_summary,
+    download,
+    load_bundle_source,
+    load_samples,
+    sha256,
+)
 
-BUNDLE_FORMAT = "workbench-policy-bundle/1"
-INDEX_NAME = "bundle.json"
 CARD_NAME = "README.md"
 # What a bundle holds, and what each file is (model card and `workbench hub pull` output).
 BUNDLE_FILES = {
@@ -67,11 +74,6 @@ CARD_PACKAGES = ("torch", "stable-baselines3", "gymnasium", "mujoco", "numpy", "
                  "hydra-core", "onnx", "onnxruntime")
 # Where a run was recorded is not part of what it is: left out of the reproduce command.
 NOT_REPRODUCED = ("tracking.uri",)
-COMMIT_SHA = re.compile(r"[0-9a-f]{40}")  # a git commit: the only revision that never moves
-
-
-class BundleError(RuntimeError):
-    """A bundle that fails verification (missing or altered files, parity off)."""
 
 
 @dataclass(frozen=True)
@@ -84,56 +86,15 @@ class PushResult:
     files: list[str]
 
 
-@dataclass(frozen=True)
-class PulledBundle:
-    """A verified bundle at one commit, in its fixed local directory."""
-
-    repo_id: str
-    requested_revision: str
-    commit: str
-    directory: Path
-    checks: dict[str, Any] = field(default_factory=dict)
-
-
-# --------------------------------------------------------------------------- names and places
-
-
-def check_repo_id(repo_id: str | None) -> str:
-    """``org/name`` as the Hub accepts it, else a ConfigError."""
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    if not repo_id:
-        raise ConfigError(
-            "repo_id: missing; pass repo_id=<org/name>, e.g. repo_id=my-org/ppo-cheetah"
-        )
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError as exc:
-        raise ConfigError(f"repo_id={repo_id}: {str(exc).splitlines()[0]}") from exc
-    if repo_id.count("/") != 1:
-        raise ConfigError(f"repo_id={repo_id}: write it as <org or user>/<name>")
-    return repo_id
-
-
-def hub_directory(repo_id: str, commit: str) -> Path:
-    """The fixed local directory of a pulled commit: ``experiments/hub/<org>/<name>/<commit>``."""
-    return paths.experiments_dir() / "hub" / repo_id / commit
-
-
 def bundle_directory(text: str) -> Path:
     """A bundle directory given on the command line, checked to exist."""
     directory = Path(text).expanduser().resolve()
     if not (directory / INDEX_NAME).is_file():
         raise ConfigError(
-            f"bundle={text}: no {INDEX_NAME} there; pass the directory printed by "
+            f"{text}: no {INDEX_NAME} there; pass the directory printed by "
             "`workbench hub pull`"
         )
     return directory
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 # --------------------------------------------------------------------------- building a bundle
@@ -209,7 +170,7 @@ def redact_config(text: str) -> str:
     tree = OmegaConf.create(text)
     uri = OmegaConf.select(tree, "tracking.uri")
     if uri:
-        OmegaConf.update(tree, "tracking.uri", tracking.redact_uri(str(uri)))
+        OmegaConf.update(tree, "tracking.uri", redact_uri(str(uri)))
     return OmegaConf.to_yaml(tree)
 
 
@@ -313,8 +274,6 @@ def model_card(
 
 
 def hyperparameter_table(cfg: WorkbenchConfig) -> list[str]:
-    from workbench import config
-
     flat = config.flatten(config.to_dict(cfg))
     rows = ["| key | value |", "|---|---|", "| algorithm | PPO (stable-baselines3 MlpPolicy) |"]
     rows += [f"| `{key}` | {flat[key]} |" for key in HYPERPARAMETERS if key in flat]
@@ -357,8 +316,6 @@ def reproduce_command(cfg: WorkbenchConfig, init_commit: str | None = None) -> s
     The overrides are the differences to the run's env/experiment defaults; composing them
     again must give the same config, which is checked here rather than assumed.
     """
-    from workbench import config
-
     base = [f"env={cfg.env.name}"] if cfg.env.name in config.group_options("env") else []
     if cfg.experiment_name and cfg.experiment_name in config.group_options("experiment"):
         base.append(f"experiment={cfg.experiment_name}")
@@ -381,127 +338,33 @@ def reproducible(flat: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in flat.items() if k not in NOT_REPRODUCED}
 
 
-def hydra_value(value: Any) -> str:
-    """``value`` in Hydra's override grammar."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        text = repr(value)
-        if "e" in text:  # Hydra's grammar has no leading zeros in exponents (1e-05 -> 1e-5)
-            mantissa, exponent = text.split("e")
-            text = f"{mantissa}e{int(exponent)}"
-        return text
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(hydra_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
-    text = str(value)
-    bare = text.replace("-", "").replace("/", "").replace(".", "").replace("_", "")
-    if bare.isalnum() and text[0].isalpha() and text.lower() not in ("true", "false", "null"):
-        return text
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-# --------------------------------------------------------------------------- reading a bundle
-
-
-def read_index(directory: Path) -> dict[str, Any]:
-    path = directory / INDEX_NAME
-    if not path.is_file():
-        raise BundleError(f"{directory}: no {INDEX_NAME}; not a workbench policy bundle")
-    index: dict[str, Any] = json.loads(path.read_text())
-    if index.get("format") != BUNDLE_FORMAT:
-        raise BundleError(f"{path}: format {index.get('format')!r}, expected {BUNDLE_FORMAT}")
-    return index
-
-
-def bundle_config(directory: Path) -> WorkbenchConfig:
-    """The bundle's config.yaml validated by the schema, for CPU inference."""
-    cfg = export.config_from_yaml((directory / "config.yaml").read_text())
-    cfg.device = "cpu"
-    return cfg
-
-
-def load_bundle_source(directory: Path, label: str | None = None) -> export.PolicySource:
-    """Rebuild the SB3 policy from config + safetensors + normalization JSON (no pickles)."""
-    from safetensors.torch import load_file
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
-
-    from workbench.training.trainer import build_model
-
-    index = read_index(directory)
-    cfg = bundle_config(directory)
-    venv = DummyVecEnv([lambda: export.make_env(cfg)] * cfg.env.num_envs)
-    model = build_model(cfg, venv)
-    model.policy.load_state_dict(load_file(str(directory / "weights.safetensors")))
-    stats = json.loads((directory / "normalization.json").read_text())
-    vecnormalize = None
-    if stats["norm_obs"]:
-        vecnormalize = VecNormalize(venv, training=False, norm_obs=True, norm_reward=False,
-                                    clip_obs=stats["clip_obs"], epsilon=stats["epsilon"])
-        apply_stats(vecnormalize, stats)
-    return export.PolicySource(
-        model=model, vecnormalize=vecnormalize, config=cfg,
-        eval_mean_reward=index.get("eval_mean_reward"),
-        eval_std_reward=index.get("eval_std_reward"),
-        origin=label or f"bundle {directory}",
-    )
-
-
-def apply_stats(vecnormalize: Any, stats: Mapping[str, Any]) -> None:
-    """Load normalization.json's statistics into a VecNormalize wrapper."""
-    rms = vecnormalize.obs_rms
-    rms.mean = np.asarray(stats["obs_mean"], dtype=np.float64)
-    rms.var = np.asarray(stats["obs_var"], dtype=np.float64)
-    rms.count = float(stats["obs_count"])
+# --------------------------------------------------------------------------- verifying a bundle
 
 
 def verify_bundle(directory: Path) -> dict[str, Any]:
     """Check a bundle before use; raises BundleError naming the first failed check.
 
-    Every file matches its sha256 in bundle.json; manifest.json is there if the run had one;
-    the ONNX graph passes ``onnx.checker`` and loads in ONNX Runtime; ONNX Runtime and the
-    SB3 policy rebuilt from the safetensors weights both reproduce the shipped sample
-    actions within the export tolerance.
+    Every file matches its sha256 in bundle.json; manifest.json is there if the run had one
+    (:func:`workbench.training.bundle.check_files`); the ONNX graph passes ``onnx.checker``,
+    loads in ONNX Runtime and reproduces the shipped sample actions; so does the SB3 policy
+    rebuilt from the safetensors weights, within the export tolerance.
     """
     import onnx
 
-    index = read_index(directory)
-    for name, digest in index["files"].items():
-        path = directory / name
-        if not path.is_file():
-            raise BundleError(f"{directory}: {name} is missing")
-        if sha256(path) != digest:
-            raise BundleError(f"{directory}: {name} differs from its sha256 in {INDEX_NAME}")
-    if index["manifest"] and "manifest.json" not in index["files"]:
-        raise BundleError(f"{directory}: the run had a manifest.json but the bundle lacks it")
+    index = check_files(directory)
     onnx_path = directory / "policy.onnx"
     onnx.checker.check_model(onnx.load(str(onnx_path)), full_check=True)
     session = export.onnx_session(onnx_path)
-    with np.load(directory / "samples.npz", allow_pickle=False) as samples:
-        obs, expected = samples["observations"], samples["actions"]
+    obs, expected = load_samples(directory)
     onnx_diff = float(np.max(np.abs(session.run(None, {export.INPUT_NAME: obs})[0] - expected)))
-    source = load_bundle_source(directory)
-    weights_diff = float(np.max(np.abs(export.reference_actions(source, obs) - expected)))
-    checks = {
-        "files": sorted(index["files"]),
-        "manifest": "present" if index["manifest"] else "absent (the run had none)",
-        "onnx": f"checker ok, opset {index['onnx_opset']}",
-        "samples": int(len(obs)),
-        "onnx_max_abs_diff": onnx_diff,
-        "weights_max_abs_diff": weights_diff,
-    }
-    for key, diff in (("ONNX Runtime", onnx_diff), ("safetensors weights", weights_diff)):
-        if diff > export.PARITY_TOLERANCE:
-            raise BundleError(
-                f"{directory}: {key} differs from the shipped sample actions by {diff:.2e} "
-                f"(> {export.PARITY_TOLERANCE:.0e})"
-            )
-    return checks
+    if onnx_diff > PARITY_TOLERANCE:
+        raise BundleError(
+            f"{directory}: ONNX Runtime differs from the shipped sample actions by "
+            f"{onnx_diff:.2e} (> {PARITY_TOLERANCE:.0e})"
+        )
+    checks = checks_summary(directory, index, check_weights(directory))
+    return {**checks, "onnx": f"checker ok, opset {index['onnx_opset']}",
+            "onnx_max_abs_diff": onnx_diff}
 
 
 def verify_export(directory: Path, **budget: int) -> export.ExportResult:
@@ -566,155 +429,17 @@ def push(
             commit_message=f"workbench: PPO {index['env_id']} from run {run_id}",
             commit_description=f"{index['num_timesteps']} training steps; see README.md",
         )
-    tracking.set_tags(client, run_id, {"hub.repo_id": repo_id, "hub.revision": info.oid})
+    set_tags(client, run_id, {"hub.repo_id": repo_id, "hub.revision": info.oid})
     return PushResult(repo_id=repo_id, commit=info.oid, commit_url=info.commit_url, files=files)
 
 
 def pull(repo_id: str, revision: str | None) -> PulledBundle:
-    """Download exactly one commit of ``repo_id`` and verify it.
-
-    A branch or tag is resolved once to its commit, printed, and only the commit is used
-    from then on. Works offline (``HF_HUB_OFFLINE=1``) from the local Hub cache.
-    """
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import (
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
-    check_repo_id(repo_id)
-    if not revision:
-        raise ConfigError(
-            f"revision: missing for repo_id={repo_id}; pass revision=<commit sha or tag> "
-            "(`workbench hub push` prints the commit)"
-        )
-    try:
-        snapshot = Path(snapshot_download(repo_id, revision=revision))
-    except RevisionNotFoundError as exc:
-        raise ConfigError(f"revision={revision}: not found in {repo_id}") from exc
-    except RepositoryNotFoundError as exc:
-        raise ConfigError(f"repo_id={repo_id}: no such repository (or no access)") from exc
-    except LocalEntryNotFoundError as exc:
-        mode = "HF_HUB_OFFLINE=1" if constants.HF_HUB_OFFLINE else "the Hub is unreachable"
-        raise ConfigError(
-            f"repo_id={repo_id} revision={revision}: not in the local Hub cache "
-            f"({constants.HF_HUB_CACHE}) and {mode}; pull it once with network access"
-        ) from exc
-    commit = snapshot.name  # huggingface_hub's cache names each snapshot by its commit
-    if not COMMIT_SHA.fullmatch(commit):
-        raise BundleError(f"{snapshot}: not a commit snapshot of the Hub cache")
-    if revision != commit:
-        print(f"revision {revision!r} of {repo_id} resolved to commit {commit}; "
-              f"pin it with revision={commit}")
-    directory = materialize(snapshot, hub_directory(repo_id, commit))
-    checks = verify_bundle(directory)
-    return PulledBundle(repo_id, revision, commit, directory, checks)
+    """Download exactly one commit of ``repo_id`` and verify it, ONNX graph included."""
+    directory, commit = download(repo_id, revision)
+    return PulledBundle(repo_id, revision or commit, commit, directory, verify_bundle(directory))
 
 
-def materialize(snapshot: Path, directory: Path) -> Path:
-    """Copy a cache snapshot (symlinks into blobs) to its fixed directory, once per commit."""
-    if directory.is_dir():
-        return directory  # a commit never changes; verify_bundle catches local damage
-    partial = directory.with_name(directory.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    shutil.copytree(snapshot, partial, symlinks=False)
-    partial.rename(directory)
-    return directory
-
-
-# --------------------------------------------------------------------------- training from a bundle
-
-
-def pull_for_init(cfg: WorkbenchConfig) -> PulledBundle | None:
-    """The bundle ``init.hub_repo_id``/``init.hub_revision`` names, pulled, verified and
-    checked against ``cfg`` before any run exists; None without ``init.hub_repo_id``."""
-    if not cfg.init.hub_repo_id:
-        return None
-    bundle = pull(cfg.init.hub_repo_id, cfg.init.hub_revision)
-    theirs = bundle_config(bundle.directory)
-    for key, ours_value, their_value in (
-        ("env.id", cfg.env.id, theirs.env.id),
-        ("env.normalize", cfg.env.normalize, theirs.env.normalize),
-        ("algo.policy.pi", list(cfg.algo.policy.pi), list(theirs.algo.policy.pi)),
-        ("algo.policy.vf", list(cfg.algo.policy.vf), list(theirs.algo.policy.vf)),
-        ("algo.policy.activation", cfg.algo.policy.activation, theirs.algo.policy.activation),
-    ):
-        if ours_value != their_value:
-            raise ConfigError(
-                f"{key}={ours_value}: the bundle {bundle.repo_id}@{bundle.commit[:12]} was "
-                f"trained with {key}={their_value}; set {key}={hydra_value(their_value)}"
-            )
-    print(f"init: policy from {bundle.repo_id}@{bundle.commit} ({bundle.directory})")
-    return bundle
-
-
-def init_run_info(bundle: PulledBundle) -> dict[str, Any]:
-    """The manifest ``run`` section's record of the policy a run started from."""
-    return {"init_hub": {"repo_id": bundle.repo_id, "revision": bundle.requested_revision,
-                         "commit": bundle.commit}}
-
-
-def initialize_model(model: Any, train_env: Any, bundle: PulledBundle) -> None:
-    """Load the bundle's weights into ``model`` and its statistics into ``train_env``.
-
-    The optimizer starts fresh; VecNormalize's observation statistics continue from the
-    bundle's (the weights were trained on observations normalized by them), its return
-    statistics start fresh.
-    """
-    from safetensors.torch import load_file
-    from stable_baselines3.common.vec_env import VecNormalize
-
-    state = load_file(str(bundle.directory / "weights.safetensors"), device=str(model.device))
-    model.policy.load_state_dict(state)
-    stats = json.loads((bundle.directory / "normalization.json").read_text())
-    if isinstance(train_env, VecNormalize) and stats["norm_obs"]:
-        apply_stats(train_env, stats)
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def parse_bool(text: str) -> bool:
-    if text.lower() in ("true", "1", "yes"):
-        return True
-    if text.lower() in ("false", "0", "no"):
-        return False
-    raise ValueError(text)
-
-
-parse_bool.__name__ = "bool (true|false)"
-PUSH_ARGUMENTS: dict[str, Any] = {"run": str, "repo_id": str, "private": parse_bool}
-PULL_ARGUMENTS: dict[str, Any] = {"repo_id": str, "revision": str}
-
-
-def main(tokens: Sequence[str]) -> int:
-    """``workbench hub push run=<id> repo_id=<org/name> [private=true|false]`` or
-    ``workbench hub pull repo_id=<org/name> revision=<sha|tag>``."""
-    from workbench.cli import key_value_arguments
-
-    action = tokens[0] if tokens else ""
-    if action not in ("push", "pull"):
-        raise ConfigError(
-            "hub: name an action: hub push run=<run_id> repo_id=<org/name> | "
-            "hub pull repo_id=<org/name> revision=<sha|tag>"
-        )
-    export.quiet_downloads()
-    try:
-        if action == "push":
-            args = key_value_arguments(tokens[1:], PUSH_ARGUMENTS, command="hub push")
-            if "run" not in args:
-                raise ConfigError("hub push: run= missing; pass run=<run_id>")
-            result = push(args["run"], check_repo_id(args.get("repo_id")),
-                          private=args.get("private", True))
-            print_push(result)
-        else:
-            args = key_value_arguments(tokens[1:], PULL_ARGUMENTS, command="hub pull")
-            print_pull(pull(check_repo_id(args.get("repo_id")), args.get("revision")))
-    except BundleError as exc:
-        print(f"workbench: bundle verification failed: {exc}", file=sys.stderr)
-        return 1
-    return 0
+# --------------------------------------------------------------------------- printing
 
 
 def print_push(result: PushResult) -> None:
@@ -736,7 +461,7 @@ def print_pull(bundle: PulledBundle) -> None:
         ("onnx", checks["onnx"]),
         ("parity", f"{checks['samples']} samples: ONNX Runtime {checks['onnx_max_abs_diff']:.2e}, "
                    f"safetensors weights {checks['weights_max_abs_diff']:.2e} "
-                   f"(<= {export.PARITY_TOLERANCE:.0e})"),
+                   f"(<= {PARITY_TOLERANCE:.0e})"),
         ("directory", bundle.directory),
     ]
     _print_rows("Pulled and verified", rows)
@@ -744,6 +469,5 @@ def print_pull(bundle: PulledBundle) -> None:
 
 
 def _print_rows(title: str, rows: Sequence[tuple[str, Any]]) -> None:
-    from workbench import console
 
     console.print_table(rows, title=title)

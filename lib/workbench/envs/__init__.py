@@ -1,3 +1,14 @@
-"""Environments: gymnasium MuJoCo tasks and the workbench's robots behind SB3's VecEnv."""
+"""Environments: gymnasium MuJoCo tasks and the workbench's robots behind SB3's VecEnv.
 
-from workbench.envs.vector import *  # noqa: F403  (the public API of the envs layer)
+    vector.py         make_envs / make_eval_env: the training and evaluation VecEnvs
+    calibration.py    env.vec_env=auto: the backend chosen from a measurement
+    envpool_vec.py    EnvPool's C++ MuJoCo tasks as an SB3 VecEnv (extra ``fast``)
+    guards.py         named worker crashes and NaN/inf checks around every VecEnv
+    randomization.py  domain randomization wrappers (noise, delay, physics ranges)
+    simstate.py       exact capture/restore of a MuJoCo env copy (for checkpoints)
+    cores.py          the cores a run may use and the learner's threads
+    checks.py         env id, kwargs, randomization and EnvPool checks (exit code 2)
+    robots/           the workbench's own robots (the mini duck), registered on import
+
+This layer imports only :mod:`workbench.config` and the base modules.
+"""

@@ -38,8 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from workbench import envs
 from workbench.envs import envpool_vec
+from workbench.envs.backends import build_backend
+from workbench.envs.cores import cpu_budget
+from workbench.envs.spec import EnvSpec
 
 SAMPLE_SECONDS = 0.3  # stepping time per measured backend (after a short warm-up)
 MARGIN = 1.15  # a backend other than dummy must be this much faster to be chosen
@@ -67,11 +69,11 @@ class VecEnvChoice:
         return params
 
 
-def choose_vec_env(spec: envs.EnvSpec, budget: int | None = None) -> VecEnvChoice:
+def choose_vec_env(spec: EnvSpec, budget: int | None = None) -> VecEnvChoice:
     """Resolve ``spec.vec_env``: explicit choices pass through, ``auto`` is calibrated."""
     if spec.vec_env != "auto":
         return VecEnvChoice(spec.vec_env, "set in the config")
-    budget = budget or envs.cpu_budget()
+    budget = budget or cpu_budget()
     names = candidates(spec, budget)
     if names == ["dummy"]:
         return VecEnvChoice("dummy", "auto: dummy is the only candidate here (no measurement)")
@@ -105,7 +107,7 @@ def busy_load(budget: int) -> float | None:
     return load if load >= 1.0 + BUSY_FRACTION * budget else None
 
 
-def resolve_spec(spec: envs.EnvSpec, budget: int | None = None) -> envs.EnvSpec:
+def resolve_spec(spec: EnvSpec, budget: int | None = None) -> EnvSpec:
     """``spec`` with ``vec_env=auto`` replaced by the calibrated choice."""
     return replace(spec, vec_env=choose_vec_env(spec, budget).name)
 
@@ -118,7 +120,7 @@ def decide(rates: dict[str, float]) -> str:
     return best
 
 
-def candidates(spec: envs.EnvSpec, budget: int) -> list[str]:
+def candidates(spec: EnvSpec, budget: int) -> list[str]:
     """Backends worth measuring for this task, env count and core budget."""
     names = ["dummy"]
     if envpool_vec.unsupported_reason(spec.env_id, spec.kwargs, spec.randomization) is None:
@@ -128,7 +130,7 @@ def candidates(spec: envs.EnvSpec, budget: int) -> list[str]:
     return names
 
 
-def calibrate(spec: envs.EnvSpec, names: list[str]) -> dict[str, float]:
+def calibrate(spec: EnvSpec, names: list[str]) -> dict[str, float]:
     """Random-action stepping rate (env-steps/s) of each named backend.
 
     A backend that fails to build or step is left out: ``auto`` must never be the reason a
@@ -137,7 +139,7 @@ def calibrate(spec: envs.EnvSpec, names: list[str]) -> dict[str, float]:
     rates: dict[str, float] = {}
     for name in names:
         try:
-            venv = envs.make_envs(replace(spec, vec_env=name, normalize=False))
+            venv = build_backend(replace(spec, vec_env=name))
         except Exception:
             continue
         try:
@@ -180,7 +182,7 @@ def cache_path() -> Path:
     return base / "workbench" / "vec_env.json"
 
 
-def cache_key(spec: envs.EnvSpec, budget: int) -> str:
+def cache_key(spec: EnvSpec, budget: int) -> str:
     """Everything the rates depend on: machine, task, env count, cores, library versions."""
     versions = ",".join(f"{p}={_version(p)}" for p in ("gymnasium", "mujoco", "envpool"))
     kwargs = json.dumps(spec.kwargs or {}, sort_keys=True, default=str)

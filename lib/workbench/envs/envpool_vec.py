@@ -52,6 +52,7 @@ from stable_baselines3.common.vec_env.base_vec_env import (
 )
 
 from workbench.config import ConfigError
+from workbench.envs.randomization import is_active
 
 INSTALL_HINT = "pip install '.[fast]' (or pip install envpool)"
 # gymnasium keyword arguments EnvPool's MuJoCo specs accept under the same name and meaning.
@@ -113,11 +114,8 @@ def unsupported_reason(
     """
     if not is_installed():
         return f"the envpool package is not installed ({INSTALL_HINT})"
-    if randomization is not None:
-        from workbench.envs.randomization import is_active
-
-        if is_active(randomization):
-            return "env.randomization wraps gymnasium envs, which EnvPool does not use"
+    if randomization is not None and is_active(randomization):
+        return "env.randomization wraps gymnasium envs, which EnvPool does not use"
     envpool = import_envpool()
     try:
         entry = str(gymnasium.spec(env_id).entry_point)

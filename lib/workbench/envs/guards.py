@@ -1,8 +1,8 @@
-"""Faults during training, detected where they happen and reported in one line.
+"""Guards around the environments: crashes and non-finite values reported in one line.
 
-- **Interruption** (SIGINT, SIGTERM, a JupyterLab kernel interrupt): the first signal asks
-  training to stop after the current environment step (:class:`Interruption`); a second one
-  raises :class:`TrainingInterrupted` at once.
+Every training env copy is wrapped (:class:`EnvGuard`, outermost gymnasium wrapper) and every
+VecEnv sits under :class:`GuardedVecEnv`, so that:
+
 - **Crashed environment worker** (an exception or a native crash inside a ``SubprocVecEnv``
   worker): SB3 alone reports ``EOFError``/``BrokenPipeError``. Each worker's env is wrapped in
   :class:`EnvGuard`, which writes the original exception to a crash report before the worker
@@ -11,7 +11,7 @@
 - **Non-finite values**: observations, rewards (from the environments) and actions (from the
   policy) are checked by SB3's ``VecCheckNan`` (:class:`GuardedVecEnv` subclasses it to say
   which env rank and which step); losses and parameters after each PPO update by
-  :class:`UpdateCheck`. Both raise :class:`NonFiniteError`.
+  :class:`workbench.training.faults.UpdateCheck`. Both raise :class:`NonFiniteError`.
 """
 
 from __future__ import annotations
@@ -19,36 +19,24 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import math
 import os
 import shutil
 import signal
-import sys
 import tempfile
-import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import gymnasium
 import numpy as np
-import torch
-from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecCheckNan, VecEnv
 
 from workbench.envs import simstate
 
 # What a parent sees when a SubprocVecEnv worker is gone.
 PIPE_ERRORS = (EOFError, BrokenPipeError, ConnectionResetError)
-
-# Loss and diagnostic keys SB3's PPO records after each update.
-UPDATE_KEYS = (
-    "train/loss", "train/value_loss", "train/policy_gradient_loss", "train/entropy_loss",
-    "train/approx_kl", "train/std",
-)
 
 
 class EnvWorkerError(RuntimeError):
@@ -57,79 +45,6 @@ class EnvWorkerError(RuntimeError):
 
 class NonFiniteError(FloatingPointError):
     """A NaN or infinity appeared in observations, rewards, actions, losses or parameters."""
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Training stopped by a signal; ``signum`` tells SIGINT (130) from SIGTERM (143)."""
-
-    def __init__(self, signum: int, message: str) -> None:
-        super().__init__(message)
-        self.signum = signum
-
-
-# --------------------------------------------------------------------------- interruption
-
-
-class Interruption:
-    """Graceful stop on the first SIGINT/SIGTERM, immediate stop on the second.
-
-    Installed only around ``model.learn`` and only in the main thread (where Python delivers
-    signals; a notebook kernel runs cells there, so a kernel interrupt lands here too).
-    Elsewhere a signal keeps Python's default behaviour: ``KeyboardInterrupt`` at once.
-    """
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.received_at: float | None = None
-        self.forced = False
-
-    @property
-    def requested(self) -> bool:
-        """True once a stop was requested."""
-        return self.signum is not None
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[Interruption]:
-        """Route SIGINT and SIGTERM to :meth:`handle` for the duration of the block."""
-        if threading.current_thread() is not threading.main_thread():
-            yield self
-            return
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-        for sig in previous:
-            signal.signal(sig, self.handle)
-        try:
-            yield self
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    def handle(self, signum: int, frame: FrameType | None) -> None:
-        """Signal handler: request a stop, or stop now if one was already requested."""
-        name = signal.Signals(signum).name
-        if self.requested:
-            self.forced = True
-            raise TrainingInterrupted(signum, f"{name} received twice: stopped immediately")
-        self.signum = signum
-        self.received_at = time.monotonic()
-        print(
-            f"\nworkbench: {name} received: stopping after the current step and saving a "
-            "checkpoint (send it again to stop immediately)",
-            file=sys.stderr, flush=True,
-        )
-
-    def error(self, detail: str = "") -> TrainingInterrupted:
-        """The exception that ends training after a requested stop."""
-        assert self.signum is not None
-        name = signal.Signals(self.signum).name
-        return TrainingInterrupted(self.signum, f"{name} received{detail}")
-
-
-def interrupt_reason(exc: BaseException) -> str:
-    """The ``error`` tag of a KILLED run."""
-    if isinstance(exc, TrainingInterrupted):
-        return f"interrupted: {exc}"
-    text = str(exc)
-    return f"interrupted: KeyboardInterrupt{': ' + text if text else ''}"
 
 
 # --------------------------------------------------------------------------- env workers
@@ -377,7 +292,6 @@ class GuardedVecEnv(VecCheckNan):
         return worker_error(self.venv.unwrapped, phase, self.env_id)
 
 
-
 def _dead_workers(processes: Sequence[Any], wait_s: float = 3.0) -> list[tuple[int, int]]:
     """``(rank, exitcode)`` of exited workers, waiting briefly for a dying one to exit."""
     deadline = time.monotonic() + wait_s
@@ -410,75 +324,3 @@ def reap_workers(venv: SubprocVecEnv, grace_s: float = 3.0) -> None:
         with contextlib.suppress(OSError):
             remote.close()
     venv.closed = True
-
-
-# --------------------------------------------------------------------------- PPO updates
-
-
-class UpdateCheck(BaseCallback):
-    """Stops training when a PPO update produced non-finite losses or parameters.
-
-    SB3 records the update's losses in the logger; they are read before the next rollout
-    starts (and at training end), i.e. before a NaN policy could act. Put it first in the
-    callback list, before anything that dumps the logger.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.checked_updates = 0
-
-    def _on_rollout_start(self) -> None:
-        self.check()
-
-    def _on_training_end(self) -> None:
-        self.check()
-
-    def _on_step(self) -> bool:
-        return True
-
-    def check(self) -> None:
-        """Raise :class:`NonFiniteError` if the latest update went non-finite."""
-        updates = int(getattr(self.model, "_n_updates", 0))
-        if updates == self.checked_updates:
-            return
-        self.checked_updates = updates
-        values = self.logger.name_to_value
-        bad = [
-            f"{key}={values[key]}" for key in UPDATE_KEYS
-            if key in values and not math.isfinite(float(values[key]))  # type: ignore[arg-type]
-        ]
-        if bad:
-            raise NonFiniteError(
-                f"non-finite {', '.join(bad)} in the PPO update after step "
-                f"{self.num_timesteps}: lower algo.learning_rate or check the scale of "
-                "rewards and observations (env.normalize=true)"
-            )
-        for name, param in self.model.policy.named_parameters():
-            if not torch.isfinite(param).all():
-                raise NonFiniteError(
-                    f"non-finite policy parameter {name} after the PPO update at step "
-                    f"{self.num_timesteps}: lower algo.learning_rate or algo.max_grad_norm"
-                )
-
-
-# --------------------------------------------------------------------------- accelerator
-
-
-def release_accelerator(model: Any) -> None:
-    """Free the GPU memory a failed or interrupted training holds.
-
-    The exception's traceback keeps ``train()``'s frame (and so the model) alive, e.g. in a
-    notebook's ``sys.last_traceback``; moving the policy and the optimizer state to the CPU
-    and emptying PyTorch's cache frees the device for the next run.
-    """
-    if model is None or not torch.cuda.is_available():
-        return
-    policy = getattr(model, "policy", None)
-    if policy is not None:
-        policy.to("cpu")
-        optimizer = getattr(policy, "optimizer", None)
-        for state in getattr(optimizer, "state", {}).values():
-            for key, value in list(state.items()):
-                if isinstance(value, torch.Tensor):
-                    state[key] = value.cpu()
-    torch.cuda.empty_cache()

@@ -1,6 +1,6 @@
 """Reports for team review: pick runs, load them from MLflow, write ``reports/<name>/``.
 
-``workbench report sweep=<id> | experiment=<name> | runs=<id,id,...>`` (no selector: the
+``workbench report --sweep ID | --experiment NAME | --runs ID,ID,...`` (no selector: the
 latest sweep) loads the runs' metric histories and manifests, ranks the grid points by final
 evaluation reward, runs the diagnostics and bottleneck analysis
 (:mod:`workbench.review.diagnostics`), draws the figures
@@ -38,16 +38,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from workbench import paths
-from workbench.config import ConfigError
+from workbench.config import ConfigError, load_config
+from workbench.review import diagnostics, figures
 from workbench.review.diagnostics import Bottleneck, Diagnostic, Series, Thresholds
+from workbench.tracking.manifest import MANIFEST_FILE, comparable, headline_tags
+from workbench.tracking.redaction import redact_uri
+from workbench.tracking.store import is_embedded, resolve_tracking_uri
 
 if TYPE_CHECKING:  # mlflow and matplotlib load on use: `workbench --help` stays fast
     from mlflow.entities import Run
     from mlflow.tracking import MlflowClient
 
-    from workbench.review import figures
-
-MANIFEST_FILE = "manifest.json"  # workbench.tracking.manifest.MANIFEST_FILE, at the artifact root
 DEFAULT_UI_URL = "http://127.0.0.1:5000"
 SWEEP_ID, SWEEP_ROLE, SWEEP_POINT = "sweep_id", "sweep.role", "sweep.point"
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -70,11 +71,11 @@ class Selection:
     tags: Mapping[str, str] = field(default_factory=dict)  # every tag must match
 
     def __post_init__(self) -> None:
-        given = [k for k, v in (("sweep", self.sweep_id), ("experiment", self.experiment),
-                                ("runs", self.run_ids)) if v]
+        given = [k for k, v in (("--sweep", self.sweep_id), ("--experiment", self.experiment),
+                                ("--runs", self.run_ids)) if v]
         if len(given) > 1:
-            raise ConfigError(f"{' and '.join(given)}: give only one of sweep=, experiment=, "
-                              "runs= (add tag.KEY=VALUE to narrow any of them)")
+            raise ConfigError(f"{' and '.join(given)}: give only one of --sweep, --experiment, "
+                              "--runs (add --tag KEY=VALUE to narrow any of them)")
         for key, value in [(SWEEP_ID, self.sweep_id or ""), *self.tags.items()]:
             if "'" in key + value or "`" in key:
                 raise ConfigError(f"{key}={value!r}: quotes are not allowed in selectors")
@@ -109,33 +110,6 @@ class Selection:
         if self.tags:
             base += "-" + "-".join(f"{k}-{v}" for k, v in sorted(self.tags.items()))
         return re.sub(r"[^A-Za-z0-9_.-]+", "_", base)
-
-
-SELECTOR_KEYS = ("sweep", "experiment", "runs")
-
-
-def parse_selectors(tokens: Sequence[str]) -> tuple[Selection, list[str]]:
-    """Split CLI tokens into a :class:`Selection` and the remaining config overrides.
-
-    ``sweep=``, ``experiment=``, ``runs=a,b`` and ``tag.KEY=VALUE`` select runs; everything
-    else (e.g. ``tracking.uri=...``) is a Hydra override for locating the store.
-    """
-    values: dict[str, str] = {}
-    tags: dict[str, str] = {}
-    overrides: list[str] = []
-    for token in tokens:
-        key, sep, value = token.partition("=")
-        if sep and key in SELECTOR_KEYS:
-            if not value:
-                raise ConfigError(f"{token}: empty value; e.g. {key}=<{key} id or name>")
-            values[key] = value
-        elif sep and key.startswith("tag.") and len(key) > 4:
-            tags[key[4:]] = value
-        else:
-            overrides.append(token)
-    run_ids = tuple(r for r in values.get("runs", "").split(",") if r)
-    selection = Selection(values.get("sweep"), values.get("experiment"), run_ids, tags)
-    return selection, overrides
 
 
 def search_all(client: MlflowClient, experiment_ids: Sequence[str], filter_string: str = "",
@@ -203,7 +177,7 @@ def find_runs(client: MlflowClient, selection: Selection, store: str
         if sweep_id is None:
             raise ConfigError(
                 f"no sweep found in {store}: run `workbench sweep` first, or choose runs with "
-                "experiment=NAME or runs=ID,ID"
+                "--experiment NAME or --runs ID,ID"
             )
         selection = Selection(sweep_id=sweep_id)
     clauses = tag_filter(selection.tags)
@@ -212,7 +186,7 @@ def find_runs(client: MlflowClient, selection: Selection, store: str
         found = client.get_experiment_by_name(selection.experiment)
         if found is None:
             names = ", ".join(sorted(e.name for e in client.search_experiments()))
-            raise ConfigError(f"experiment={selection.experiment}: no such experiment in "
+            raise ConfigError(f"--experiment {selection.experiment}: no such experiment in "
                               f"{store}; experiments: {names or 'none'}")
         experiment_ids = [found.experiment_id]
     if selection.sweep_id:
@@ -238,7 +212,7 @@ def get_run(client: MlflowClient, run_id: str, store: str) -> Run:
     try:
         return client.get_run(run_id)
     except MlflowException as exc:
-        raise ConfigError(f"runs={run_id}: no such run in {store}; copy run ids from "
+        raise ConfigError(f"--runs {run_id}: no such run in {store}; copy run ids from "
                           "`workbench train` output or the MLflow UI") from exc
 
 
@@ -248,7 +222,7 @@ def no_runs_message(client: MlflowClient, selection: Selection, experiment_ids: 
     if selection.sweep_id:
         sweeps = known_sweeps(client, experiment_ids)
         hint = f"sweeps (latest first): {', '.join(sweeps)}" if sweeps else "no sweeps there"
-        return (f"sweep={selection.sweep_id}: no runs with tag sweep_id={selection.sweep_id} "
+        return (f"--sweep {selection.sweep_id}: no runs with tag sweep_id={selection.sweep_id} "
                 f"in {store}; {hint}")
     return f"{selection.describe()}: no runs match in {store}"
 
@@ -533,9 +507,6 @@ def build_report(
     with_figures: bool = True,
 ) -> Report:
     """Select, load and analyse runs; render the figures (unless not wanted). Writes nothing."""
-    from workbench import tracking
-    from workbench.review import diagnostics
-
     thresholds = thresholds or Thresholds()
     selection, found, parent = find_runs(client, selection, store)
     runs = [load_run(client, run) for run in found]
@@ -553,7 +524,7 @@ def build_report(
         name=name,
         title=f"Report: {selection.describe()}",
         selection=selection.describe(),
-        store=tracking.redact_uri(store),
+        store=redact_uri(store),
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         ui_url=ui_url,
         description=description,
@@ -577,8 +548,6 @@ def manifest_facts(manifest: Mapping[str, Any]) -> dict[str, str]:
     The manifest module decides what counts as environment (``manifest.comparable``: no
     timestamps, no per-invocation details; pip freeze per package); values become text.
     """
-    from workbench.tracking.manifest import comparable
-
     return {key: fact_text(value) for key, value in comparable(manifest).items()}
 
 
@@ -593,8 +562,6 @@ def fact_text(value: Any) -> str:
 
 def headline_facts(manifest: Mapping[str, Any]) -> dict[str, str]:
     """The facts one filters by (versions, CUDA, GPU, kernel, host, git), as the run tags."""
-    from workbench.tracking.manifest import headline_tags
-
     try:
         return headline_tags(manifest)
     except (KeyError, TypeError, AttributeError):  # a partial manifest from an older workbench
@@ -624,8 +591,6 @@ def environment_facts(runs: Sequence[RunRecord]) -> EnvironmentFacts:
 
 def render_figures(points: Sequence[Point], thresholds: Thresholds) -> list[FigureFile]:
     """The report's figures as PNG (points in rank order, one color each)."""
-    from workbench.review import figures
-
     colors = figures.palette([p.label for p in points])
 
     def curves(key: str) -> list[figures.Curves]:
@@ -694,8 +659,6 @@ def grid_cells(points: Sequence[Point]) -> dict[tuple[int, int], dict[str, float
 
 def time_split(point: Point) -> figures.TimeSplit:
     """Mean rollout/update/eval seconds per iteration over the point's runs."""
-    from workbench.review import figures
-
     def per_iteration(key: str) -> float:
         totals, iterations = 0.0, 0
         for run in point.runs:
@@ -1027,12 +990,16 @@ def write_report(report: Report, out_dir: Path) -> Path:
 # --------------------------------------------------------------------------- command line
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    """``workbench report``'s selectors, output options and one option per threshold."""
-    parser.add_argument(
-        "selectors", nargs="*", metavar="SELECTOR",
-        help="sweep=ID | experiment=NAME | runs=ID,ID,... (none: the latest sweep); "
-             "tag.KEY=VALUE narrows; other KEY=VALUE are config overrides (tracking.uri=...)",
-    )
+    """``workbench report``'s selectors, output options, one option per threshold, overrides."""
+    select = parser.add_argument_group("which runs (none: the latest sweep)")
+    which = select.add_mutually_exclusive_group()
+    which.add_argument("--sweep", metavar="ID", type=non_empty,
+                       help="a sweep's points (its sweep id)")
+    which.add_argument("--experiment", metavar="NAME", type=non_empty,
+                       help="every run of an MLflow experiment")
+    which.add_argument("--runs", metavar="ID,ID,...", type=run_ids, help="these runs")
+    select.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", type=tag,
+                        help="only runs with this tag (repeatable)")
     parser.add_argument("--name", help="folder under reports/ (default: from the selection)")
     parser.add_argument("--out", type=Path, help="parent folder (default: reports/)")
     parser.add_argument("--ui-url", default=DEFAULT_UI_URL,
@@ -1045,15 +1012,45 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
         group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind,
                            default=default,
                            help=f"{f.metadata['help']} (default {default:g})")
+    parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
+                        help="Hydra overrides locating the store, e.g. tracking.uri=...")
+
+
+def non_empty(text: str) -> str:
+    """A selector value, e.g. ``--sweep ID``: not empty."""
+    if not text:
+        raise argparse.ArgumentTypeError("empty value; give an id or a name")
+    return text
+
+
+def run_ids(text: str) -> tuple[str, ...]:
+    """``--runs a,b,c``: the run ids, none empty."""
+    ids = tuple(r.strip() for r in text.split(","))
+    if not all(ids):
+        raise argparse.ArgumentTypeError(f"{text!r}: give run ids separated by commas")
+    return ids
+
+
+def tag(text: str) -> tuple[str, str]:
+    """``--tag KEY=VALUE``."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: write KEY=VALUE, e.g. --tag env=hopper")
+    return key, value
+
+
+def selection_from_args(args: argparse.Namespace) -> Selection:
+    """The :class:`Selection` the command-line flags name."""
+    return Selection(args.sweep, args.experiment, args.runs or (), dict(args.tag))
 
 
 def run_command(args: argparse.Namespace) -> int:
     """``workbench report``: write the report and print the path of its index.html."""
-    selection, overrides = parse_selectors(args.selectors)
+    selection = selection_from_args(args)
     thresholds = Thresholds(**{f.name: getattr(args, f.name) for f in fields(Thresholds)})
     if args.name is not None and not NAME_PATTERN.match(args.name):
         raise ConfigError(f"--name {args.name!r}: use letters, digits, '.', '_' and '-' only")
-    report = open_report(selection, overrides=overrides, thresholds=thresholds,
+    report = open_report(selection, overrides=args.overrides, thresholds=thresholds,
                          ui_url=args.ui_url, name=args.name)
     fired = sum(len(d) for d in report.diagnostics.values())
     print(f"report: {len(report.runs)} run(s), {len(report.points)} point(s), {fired} "
@@ -1076,13 +1073,10 @@ def open_report(
     ``overrides`` are config overrides that locate the store (``tracking.uri=...``);
     ``MLFLOW_TRACKING_URI`` wins as everywhere. ``thresholds`` may be a plain dict.
     """
-    from workbench import tracking
-    from workbench.config import load_config
-
     if thresholds is None or isinstance(thresholds, Mapping):
         thresholds = Thresholds.from_mapping(thresholds or {})
     cfg = load_config(overrides)
-    uri = tracking.resolve_tracking_uri(cfg.tracking.uri)
+    uri = resolve_tracking_uri(cfg.tracking.uri)
     return build_report(open_store(uri), selection, store=uri, thresholds=thresholds,
                         ui_url=ui_url, name=name)
 
@@ -1091,9 +1085,8 @@ def open_store(uri: str) -> MlflowClient:
     """A client for an existing store; a missing embedded store is bad input (nothing created)."""
     from mlflow.tracking import MlflowClient
 
-    from workbench import tracking
 
-    if tracking.is_embedded(uri):
+    if is_embedded(uri):
         db = Path(uri.removeprefix("sqlite:///"))
         if not db.is_file():
             raise ConfigError(f"tracking store {uri}: no such database; train or sweep first, "

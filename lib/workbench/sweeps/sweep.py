@@ -49,9 +49,21 @@ from typing import Any, Protocol
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from workbench import config, envs, paths, tracking
+from workbench import config, paths
 from workbench.config import ConfigError, SweepConfig, WorkbenchConfig
+from workbench.envs.checks import check_config
+from workbench.envs.cores import cpu_budget
 from workbench.tracking import runs
+from workbench.tracking.redaction import redact_uri
+from workbench.tracking.store import (
+    MAX_TAG_VALUE_LENGTH,
+    ensure_experiment,
+    is_embedded,
+    log_params,
+    make_client,
+    resolve_tracking_uri,
+    truncate,
+)
 
 NOTEBOOK = "notebooks/train.ipynb"  # relative to the project root of whichever machine runs it
 # Config keys the grid sets for each point; overriding them for the whole sweep is an error.
@@ -176,6 +188,7 @@ def plan_sweep(overrides: Sequence[str]) -> SweepPlan:
     if sweep.overrides:
         typed = compose_typed(point_overrides)  # what the points compose, checked once here
     check_sweep_settings(sweep)
+    check_config(typed)  # the env checks, once: every point shares env.id, kwargs, randomization
     points = expand_grid(sweep, typed.env.name)
     invalid = invalid_points(typed, points)
     if len(invalid) == len(points):
@@ -193,7 +206,7 @@ def plan_sweep(overrides: Sequence[str]) -> SweepPlan:
         timeout=sweep.timeout,
         executor=sweep.executor,
         ray_address=sweep.ray.address,
-        tracking_uri=tracking.resolve_tracking_uri(typed.tracking.uri),
+        tracking_uri=resolve_tracking_uri(typed.tracking.uri),
         experiment=typed.tracking.experiment,
         out_dir=paths.experiments_dir() / "sweeps" / sweep_id,
         invalid=invalid,
@@ -282,9 +295,9 @@ def prepare_store(uri: str, experiment: str) -> tuple[MlflowClient, str]:
     SQLite the database is switched to write-ahead logging, so the MLflow UI and the points
     read while another point writes; MLflow sets a busy timeout on each session itself.
     """
-    client = tracking.make_client(uri)
-    experiment_id = tracking.ensure_experiment(client, experiment, uri)
-    if tracking.is_embedded(uri):
+    client = make_client(uri)
+    experiment_id = ensure_experiment(client, experiment, uri)
+    if is_embedded(uri):
         with contextlib.closing(sqlite3.connect(uri.removeprefix("sqlite:///"))) as db:
             db.execute("PRAGMA journal_mode=WAL")  # persistent: stored in the database file
     return client, experiment_id
@@ -319,7 +332,7 @@ def start_parent_run(client: MlflowClient, experiment_id: str, plan: SweepPlan) 
         return run_id
     tags = {"sweep_id": plan.sweep_id, "sweep.role": "parent", "env": plan.env}
     run = client.create_run(experiment_id, run_name=plan.sweep_id, tags=tags)
-    tracking.log_params(client, run.info.run_id, plan.grid_params())
+    log_params(client, run.info.run_id, plan.grid_params())
     return run.info.run_id
 
 
@@ -361,9 +374,9 @@ def finish_parent(client: MlflowClient, parent_id: str, outcomes: Sequence[Point
     client.log_dict(parent_id, {"points": [o.record() for o in outcomes]}, "sweep_results.json")
     if failed:
         names = ", ".join(o.point for o in failed)
-        client.set_tag(parent_id, "error", tracking.truncate(
+        client.set_tag(parent_id, "error", truncate(
             f"{len(failed)} of {len(outcomes)} points did not finish: {names}",
-            tracking.MAX_TAG_VALUE_LENGTH))
+            MAX_TAG_VALUE_LENGTH))
     else:
         with contextlib.suppress(Exception):  # no error tag left from an earlier attempt
             client.delete_tag(parent_id, "error")
@@ -682,7 +695,7 @@ def point_runs(client: MlflowClient, spec: PointSpec, status: str | None = None,
 def close_runs(client: MlflowClient, runs: Iterable[Run], status: str, error: str) -> None:
     """Terminate runs with ``status`` and the error in their ``error`` tag."""
     for run in runs:
-        client.set_tag(run.info.run_id, "error", tracking.truncate(error, 5000))
+        client.set_tag(run.info.run_id, "error", truncate(error, 5000))
         client.set_terminated(run.info.run_id, status)
 
 
@@ -704,7 +717,7 @@ def settle_runs(client: MlflowClient, spec: PointSpec, started: float, error: st
         return client.get_run(runs[0].info.run_id)
     tags = {**spec.tags, "sweep_id": spec.sweep_id, "sweep.role": "child",
             "sweep.point": spec.point, "mlflow.parentRunId": spec.parent_run_id,
-            "error": tracking.truncate(error, 5000)}
+            "error": truncate(error, 5000)}
     run = client.create_run(spec.experiment_id, run_name=spec.point, tags=tags)
     client.set_terminated(run.info.run_id, status)
     return client.get_run(run.info.run_id)
@@ -765,7 +778,7 @@ class LocalExecutor:
     """Points on this machine: a thread per running point, each driving its own kernel."""
 
     def __init__(self, workers: int) -> None:
-        self.cores = envs.cpu_budget()
+        self.cores = cpu_budget()
         self.requested = workers
         self.workers = min(workers, self.cores)  # more points than cores would oversubscribe
         self.cpus_per_point = max(1, self.cores // self.workers)
@@ -1017,7 +1030,7 @@ def print_plan(plan: SweepPlan, executor: Executor, parent_id: str, todo: int,
                   + (f", timeout {plan.timeout:g} s" if plan.timeout else ""),
         "executor": executor.describe(),
         "overrides": " ".join(plan.point_overrides) or "(none)",
-        "tracking": f"{tracking.redact_uri(plan.tracking_uri)}  experiment {plan.experiment!r}",
+        "tracking": f"{redact_uri(plan.tracking_uri)}  experiment {plan.experiment!r}",
         "notebooks": str(plan.out_dir),
     }
     width = max(len(k) for k in rows)
@@ -1026,7 +1039,7 @@ def print_plan(plan: SweepPlan, executor: Executor, parent_id: str, todo: int,
         print(f"{key:<{width}} : {value}")
     for name, error in plan.invalid.items():
         print(f"warning: point {name} will fail: {error}")
-    if plan.executor == "ray" and tracking.is_embedded(plan.tracking_uri):
+    if plan.executor == "ray" and is_embedded(plan.tracking_uri):
         print("warning: a Ray sweep across machines needs a tracking server "
               "(tracking.uri=http://HOST:PORT); the SQLite file only works on one machine")
     print("-" * 72, flush=True)
@@ -1060,5 +1073,5 @@ def print_results(result: SweepResult, plan: SweepPlan) -> None:
         print(f"{outcome.status} {outcome.point}: {outcome.error}")
     print(f"executed notebooks : {result.out_dir}/<point>.ipynb")
     print(f"MLflow             : parent run {result.parent_run_id} in experiment "
-          f"{plan.experiment!r} ({tracking.redact_uri(plan.tracking_uri)}); "
+          f"{plan.experiment!r} ({redact_uri(plan.tracking_uri)}); "
           "make ui -> http://127.0.0.1:5000", flush=True)

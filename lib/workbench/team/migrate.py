@@ -36,6 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 from workbench import paths
 from workbench.config import ConfigError
+from workbench.team.server import http_status
+from workbench.tracking.redaction import redact_uri
+from workbench.tracking.store import ensure_experiment
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
@@ -72,8 +75,6 @@ class CopyResult:
 def _redact(uri: str) -> str:
     """``uri`` without a password; imported late because workbench.tracking loads torch
     (through SB3) and the CLI builds its parser from this module."""
-    from workbench.tracking import redact_uri
-
     return redact_uri(uri)
 
 
@@ -107,8 +108,6 @@ def check_server(url: str) -> None:
     MLflow's REST client would retry a refused connection for minutes and report a 401 as
     a long traceback; one quick request answers both questions first.
     """
-    from workbench.team.server import http_status
-
     if http_status(f"{url}/health") == 0:
         raise ConfigError(f"--to {_redact(url)}: no MLflow server answers; start it "
                           "(workbench server start) or check the address")
@@ -243,7 +242,6 @@ def copy_run(
 ) -> CopyResult:
     """Copy one finished run unless an earlier, complete copy exists."""
     experiment = source.get_experiment(run.info.experiment_id).name
-    from workbench.tracking import ensure_experiment
 
     experiment_id = ensure_experiment(dest, experiment, dest_uri)
     existing = find_copy(dest, experiment_id, run.info.run_id)

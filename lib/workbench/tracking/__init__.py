@@ -1,3 +1,12 @@
-"""Tracking: the MLflow store, the run's outbox, heartbeats, the environment manifest."""
+"""Tracking: where runs are recorded, and what makes the record complete and truthful.
 
-from workbench.tracking.store import *  # noqa: F403  (the public API of the tracking layer)
+    store.py           the MLflow store: URI resolution, client, experiments, params, tags
+    writer.py          SB3 logger writer: one MLflow ``log_batch`` per PPO iteration
+    outbox.py          the run's journal of writes, delivered in the background
+    runs.py            heartbeats, reaping dead runs, syncing outboxes
+    manifest.py        the environment manifest of every run, and ``manifest diff``
+    redaction.py       URIs without passwords, secret values masked
+    system_metrics.py  MLflow's CPU/memory/GPU sampler for a run
+
+This layer imports only :mod:`workbench.config` and the base modules.
+"""

@@ -54,6 +54,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench import paths
+from workbench.config import ConfigError, flatten, load_config
+from workbench.tracking.redaction import (
+    is_secret_name,
+    redact_uri,
+    remote_without_credentials,
+    scrub,
+    scrub_text,
+)
+from workbench.tracking.store import is_embedded, resolve_tracking_uri, set_tags
 
 if TYPE_CHECKING:
     import argparse
@@ -75,22 +84,6 @@ RECORDED_ENV_PREFIXES = (
     "CUDA_", "CUBLAS_", "CUDNN_", "NVIDIA_", "OMP_", "MKL_", "OPENBLAS_", "TORCH_", "PYTORCH_",
     "MUJOCO_", "PYTHONHASHSEED", "WORKBENCH_CPU_BUDGET",
 )
-# Credential-like names (substring match on the upper-cased name), and families of variables
-# that are never recorded at all.
-SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
-SECRET_PREFIXES = ("AWS_", "HF_", "HUGGING_FACE_")
-MASK = "***"
-# Values shorter than this are not hunted for in free text ("1", "true" would mangle it);
-# the variables themselves are still never recorded.
-MIN_SECRET_VALUE_LENGTH = 8
-# scheme://user:password@host -> scheme://user:***@host (also with an empty user).
-URI_PASSWORD = re.compile(r"(://[^:/@\s]*):[^@/\s]+@")
-URI_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
-# name=value on a command line or in an override, where the name looks like a credential.
-SECRET_ASSIGNMENT = re.compile(
-    r"(?i)([\w.+-]*(?:token|secret|password|passwd|api_?key|access_?key|credential)[\w.-]*=)"
-    r"(?!=)([^\s'\"]+)"  # (?!=): "tokenizers==0.15" is a requirement, not an assignment
-)
 # Run keys that describe this invocation rather than the environment: not compared by diff.
 RUN_KEYS_COMPARED = ("hostname", "deterministic", "environment")
 # Git commands get a clean location: a GIT_DIR inherited from a hook or a shell would make
@@ -104,67 +97,18 @@ GIT_LOCATION_VARS = (
 # --------------------------------------------------------------------------- secrets
 
 
-def is_secret_name(name: str) -> bool:
-    """True for names that look like credentials (``HF_TOKEN``, ``db_password``, ``AWS_*``)."""
-    upper = name.upper()
-    return any(w in upper for w in SECRET_WORDS) or upper.startswith(SECRET_PREFIXES)
 
 
-def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
-    """Values of credential-named environment variables, longest first, to mask in text."""
-    env = os.environ if environ is None else environ
-    values = {
-        v for k, v in env.items()
-        if any(w in k.upper() for w in SECRET_WORDS) and len(v) >= MIN_SECRET_VALUE_LENGTH
-    }
-    return sorted(values, key=len, reverse=True)
 
 
-def scrub_text(text: str, secrets: Sequence[str] | None = None) -> str:
-    """``text`` with URI passwords and credential values masked (safe for code diffs)."""
-    secrets = secret_values() if secrets is None else secrets
-    for value in secrets:
-        text = text.replace(value, MASK)
-    return URI_PASSWORD.sub(rf"\1:{MASK}@", text)
 
 
-def scrub_command(text: str, secrets: Sequence[str] | None = None) -> str:
-    """:func:`scrub_text` plus the value of ``api_key=...``-style assignments."""
-    return SECRET_ASSIGNMENT.sub(rf"\1{MASK}", scrub_text(text, secrets))
 
 
-def scrub(value: Any, secrets: Sequence[str] | None = None) -> Any:
-    """A copy of a JSON-like value with every secret masked.
-
-    Mapping entries with credential-like keys keep their key (so one can see that something
-    was there) but get ``***`` as value; strings go through :func:`scrub_command`.
-    """
-    secrets = secret_values() if secrets is None else secrets
-    if isinstance(value, str):
-        return scrub_command(value, secrets)
-    if isinstance(value, Mapping):
-        return {
-            str(k): MASK if is_secret_name(str(k)) and v not in (None, "") else scrub(v, secrets)
-            for k, v in value.items()
-        }
-    if isinstance(value, list | tuple):
-        return [scrub(v, secrets) for v in value]
-    return value
 
 
-def scrub_yaml(tree: Mapping[str, Any]) -> str:
-    """A config tree as YAML (same layout as ``config.to_yaml``), secrets masked."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_yaml(OmegaConf.create(scrub(dict(tree))))
 
 
-def remote_without_credentials(url: str) -> str:
-    """A git remote URL without user/password/token (``https://tok@host/x`` -> ``https://host/x``).
-
-    scp-like remotes (``git@github.com:org/repo``) carry no credential and are kept.
-    """
-    return URI_USERINFO.sub(r"\1", url)
 
 
 # --------------------------------------------------------------------------- collection
@@ -589,13 +533,12 @@ def record_manifest(
     ``keep_tags``, which the caller already set on purpose) and ``git.diff`` when the work
     tree has uncommitted changes, so the exact code can be recovered.
     """
-    from workbench import tracking
 
     root = paths.project_root() if root is None else root
     manifest = collect_manifest(run_info, seed=seed, root=root, run_id=run_id)
     client.log_text(run_id, to_json(manifest), MANIFEST_FILE)
     tags = {k: v for k, v in headline_tags(manifest).items() if k not in keep_tags}
-    tracking.set_tags(client, run_id, tags)
+    set_tags(client, run_id, tags)
     if manifest["git"]["dirty"]:
         diff = git_diff(root)
         if diff:
@@ -730,8 +673,6 @@ def diff_sources(a: ManifestSource, b: ManifestSource) -> list[Difference]:
 
 def flat_config_text(tree: Mapping[str, Any]) -> dict[str, str]:
     """A nested config as ``{"dotted.key": str(value)}``, comparable with MLflow params."""
-    from workbench.config import flatten
-
     return {k: str(v) for k, v in flatten(tree).items()}
 
 
@@ -742,8 +683,6 @@ def load_source(ref: str, store_uri: Callable[[], str]) -> ManifestSource:
     config; a run's config comes from its params. Raises ``ConfigError`` (exit 2) on a ref
     that is neither.
     """
-    from workbench.config import ConfigError
-
     path = Path(ref)
     if path.is_dir():
         path = path / MANIFEST_FILE
@@ -756,8 +695,6 @@ def load_source(ref: str, store_uri: Callable[[], str]) -> ManifestSource:
 
 def _source_from_file(path: Path) -> ManifestSource:
     import yaml
-
-    from workbench.config import ConfigError
 
     try:
         manifest = json.loads(path.read_text())
@@ -773,7 +710,6 @@ def _source_from_file(path: Path) -> ManifestSource:
 
 
 def _check_is_manifest(manifest: Any, label: str) -> None:
-    from workbench.config import ConfigError
 
     missing = [k for k in TOP_LEVEL_KEYS if not isinstance(manifest, dict) or k not in manifest]
     if missing:
@@ -787,11 +723,8 @@ def _source_from_run(run_id: str, uri: str) -> ManifestSource:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from workbench import tracking
-    from workbench.config import ConfigError
-
-    shown = tracking.redact_uri(uri)
-    if tracking.is_embedded(uri) and not Path(uri.removeprefix("sqlite:///")).is_file():
+    shown = redact_uri(uri)
+    if is_embedded(uri) and not Path(uri.removeprefix("sqlite:///")).is_file():
         # Asking a missing SQLite store would create an empty one: refuse before touching it.
         raise ConfigError(
             f"{run_id}: not a file, and there is no MLflow store at {shown}; pass a "
@@ -936,12 +869,10 @@ def run_command(args: argparse.Namespace) -> int:
 
     @functools.cache
     def store_uri() -> str:  # resolved only when a ref is a run id, and only once
-        from workbench import tracking
-        from workbench.config import load_config
 
         if os.environ.get("MLFLOW_TRACKING_URI") and not args.overrides:
             return os.environ["MLFLOW_TRACKING_URI"]  # it wins anyway; skip composing
-        return tracking.resolve_tracking_uri(load_config(args.overrides).tracking.uri)
+        return resolve_tracking_uri(load_config(args.overrides).tracking.uri)
 
     a = load_source(args.run_a, store_uri)
     b = load_source(args.run_b, store_uri)

@@ -47,7 +47,9 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from workbench import paths, tracking
+from workbench import paths
+from workbench.tracking.redaction import redact_uri
+from workbench.tracking.store import truncate
 
 JOURNAL = "journal.jsonl"
 STORE_FILE = "store.json"
@@ -83,7 +85,7 @@ def is_permanent(exc: BaseException) -> bool:
 def short_error(exc: BaseException, limit: int = 200) -> str:
     """First line of an exception, for console messages."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return tracking.truncate(f"{type(exc).__name__}: {text}", limit)
+    return truncate(f"{type(exc).__name__}: {text}", limit)
 
 
 # --------------------------------------------------------------------------- journal
@@ -278,7 +280,7 @@ class DeliveryClient(MlflowClient):
                 f"(outbox {self.journal.folder} is locked)"
             ) from exc
         (self.journal.folder / STORE_FILE).write_text(
-            json.dumps({"tracking_uri": tracking.redact_uri(tracking_uri), "run_id": run_id})
+            json.dumps({"tracking_uri": redact_uri(tracking_uri), "run_id": run_id})
         )
         self.queue: deque[dict[str, Any]] = deque(self.journal.pending())
         self.seq = self.journal.last_seq()
@@ -330,7 +332,7 @@ class DeliveryClient(MlflowClient):
 
     def log_param(self, run_id: str, key: str, value: Any, synchronous: bool | None = None
                   ) -> Any:
-        self.log_batch(run_id, params=[Param(key, tracking.truncate(value, 6000))])
+        self.log_batch(run_id, params=[Param(key, truncate(value, 6000))])
         return value
 
     def set_tag(  # type: ignore[override]
@@ -415,7 +417,7 @@ class DeliveryClient(MlflowClient):
         else:
             print(
                 f"workbench: warning: {left} tracking writes of run {self.run_id} could not "
-                f"reach the store {tracking.redact_uri(self.uri)} ("
+                f"reach the store {redact_uri(self.uri)} ("
                 f"{short_error(self.last_error) if self.last_error else 'timed out'}); they are "
                 f"kept in {self.journal.folder}: run `workbench runs sync` when it is back",
                 file=sys.stderr, flush=True,
@@ -534,7 +536,7 @@ class DeliveryClient(MlflowClient):
         if self.outage_since is None:
             self.outage_since = time.monotonic()
             print(
-                f"workbench: warning: tracking store {tracking.redact_uri(self.uri)} not "
+                f"workbench: warning: tracking store {redact_uri(self.uri)} not "
                 f"reachable ({short_error(exc)}); training continues, writes are kept in "
                 f"{self.journal.folder} and retried",
                 file=sys.stderr, flush=True,

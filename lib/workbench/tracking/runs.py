@@ -22,10 +22,12 @@ from typing import Any
 from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
 
-from workbench import paths, tracking
-from workbench.config import ConfigError
+from workbench import paths
+from workbench.config import ConfigError, load_config
 from workbench.tracking import outbox
 from workbench.tracking.outbox import HEARTBEAT_TAG
+from workbench.tracking.redaction import redact_uri
+from workbench.tracking.store import resolve_tracking_uri
 
 HEARTBEAT_INTERVAL_S = 10.0
 DEFAULT_STALE_AFTER_S = 300.0
@@ -107,7 +109,7 @@ def reap_stale_runs(
     steps (an evaluation or a very long update can delay it): keep ``older_than_s`` well above
     that. Heartbeats use the training machine's clock.
     """
-    uri = tracking_uri or tracking.resolve_tracking_uri(None)
+    uri = tracking_uri or resolve_tracking_uri(None)
     client = MlflowClient(tracking_uri=uri)
     sync_outboxes(uri)
     now = time.time() if now is None else now
@@ -133,12 +135,12 @@ def reap_stale_runs(
 def sync_outboxes(tracking_uri: str | None = None, run_id: str | None = None
                   ) -> list[outbox.SyncResult]:
     """Deliver the local outboxes recorded for this store (``workbench runs sync``)."""
-    uri = tracking_uri or tracking.resolve_tracking_uri(None)
+    uri = tracking_uri or resolve_tracking_uri(None)
     results = []
     client: MlflowClient | None = None
     for folder in outbox.outboxes(run_id):
         recorded = outbox.recorded_uri(folder)
-        if recorded is not None and recorded != tracking.redact_uri(uri):
+        if recorded is not None and recorded != redact_uri(uri):
             results.append(outbox.SyncResult(folder.name, 0, -1,
                                              f"recorded for store {recorded}; skipped"))
             continue
@@ -170,9 +172,7 @@ def add_cli_actions(actions: Any) -> None:
 
 def configured_uri(overrides: Sequence[str]) -> str:
     """The tracking store the config (and ``MLFLOW_TRACKING_URI``) selects."""
-    from workbench.config import load_config
-
-    return tracking.resolve_tracking_uri(load_config(overrides).tracking.uri)
+    return resolve_tracking_uri(load_config(overrides).tracking.uri)
 
 
 def reap_command(args: argparse.Namespace) -> int:
@@ -183,7 +183,7 @@ def reap_command(args: argparse.Namespace) -> int:
     reaped = reap_stale_runs(uri, older_than_s=args.older_than)
     for run_id in reaped:
         print(f"reaped {run_id}: KILLED (no heartbeat for more than {args.older_than:g} s)")
-    print(f"{len(reaped)} run(s) reaped in {tracking.redact_uri(uri)}")
+    print(f"{len(reaped)} run(s) reaped in {redact_uri(uri)}")
     return 0
 
 

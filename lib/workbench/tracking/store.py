@@ -1,39 +1,29 @@
-"""MLflow tracking: store resolution, run lifecycle, and SB3's logger forwarded to MLflow.
-
-Metrics reach MLflow through SB3's logger extension point: :class:`MlflowWriter` is a
-``KVWriter`` added to the model's logger, so every key SB3 records (``rollout/*``, ``train/*``,
-``time/*``) and every key our callbacks record arrives in one batched ``log_batch`` call per
-PPO iteration, at ``step = num_timesteps``.
-"""
+"""The MLflow store: which one (URI resolution), a client for it, experiments, params, tags."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import math
-import numbers
 import os
 import re
-import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Param, RunTag
 from mlflow.tracking import MlflowClient
-from stable_baselines3.common.logger import KVWriter
 
 from workbench import paths
+from workbench.config import ConfigError
+from workbench.tracking.redaction import redact_uri
 
+# MLflow's limits (mlflow.utils.validation): params per batch and value length.
 # MLflow's limits (mlflow.utils.validation): params per batch and value length.
 MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_VALUE_LENGTH = 6000
 MAX_TAG_VALUE_LENGTH = 8000
 TRUNCATION_MARK = "...[truncated]"
-
-# SB3 records train/* inside train(), after the iteration's logs were dumped; they reach the
-# logger one dump late. These keys are re-dated to the iteration they belong to.
-LATE_PREFIXES = ("train/", "time/update_s")
 
 
 def resolve_tracking_uri(configured: str | None) -> str:
@@ -44,11 +34,6 @@ def resolve_tracking_uri(configured: str | None) -> str:
 def is_embedded(uri: str) -> bool:
     """True for a local SQLite store (artifacts then live under experiments/mlartifacts)."""
     return uri.startswith("sqlite:")
-
-
-def redact_uri(uri: str) -> str:
-    """A tracking URI without its password (``scheme://user:***@host``)."""
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", uri)
 
 
 def make_client(uri: str) -> MlflowClient:
@@ -112,7 +97,6 @@ def get_experiment_or_explain(client: MlflowClient, name: str, uri: str) -> Any:
     """
     from mlflow.exceptions import MlflowException
 
-    from workbench.config import ConfigError
 
     try:
         return client.get_experiment_by_name(name)
@@ -146,55 +130,6 @@ def set_tags(client: MlflowClient, run_id: str, tags: Mapping[str, Any]) -> None
     items = [RunTag(k, truncate(v, MAX_TAG_VALUE_LENGTH)) for k, v in tags.items()]
     if items:
         client.log_batch(run_id, tags=items)
-
-
-def numeric_items(values: Mapping[str, Any]) -> Iterable[tuple[str, float]]:
-    """The (key, float) pairs of a logger dump that MLflow can store as metrics."""
-    for key, value in values.items():
-        # numpy scalars register with the numbers ABCs; bools are not metrics.
-        if isinstance(value, numbers.Real) and not isinstance(value, bool):
-            yield key, float(value)
-
-
-class MlflowWriter(KVWriter):
-    """SB3 logger output that sends each dump to MLflow as one ``log_batch`` call.
-
-    SB3's ``learn`` dumps the logger after each rollout and before the update, so the
-    ``train/*`` values in dump k belong to the update of iteration k-1. They are logged at the
-    previous dump's step so that every key of one iteration shares its ``num_timesteps``; the
-    last update's values arrive with the final dump made at training end.
-    """
-
-    def __init__(self, client: MlflowClient, run_id: str) -> None:
-        self.client = client
-        self.run_id = run_id
-        self.previous_step: int | None = None
-        self.calls = 0
-
-    def write(
-        self,
-        key_values: dict[str, Any],
-        key_excluded: dict[str, tuple[str, ...]],
-        step: int = 0,
-    ) -> None:
-        now_ms = int(time.time() * 1000)
-        metrics: list[Metric] = []
-        for key, value in numeric_items(key_values):
-            if key_excluded.get(key) and "mlflow" in key_excluded[key]:
-                continue
-            late = key.startswith(LATE_PREFIXES)
-            metric_step = self.previous_step if late and self.previous_step is not None else step
-            # MLflow stores NaN/inf; they are kept so diagnostics can see a diverged run.
-            metrics.append(Metric(key, value, now_ms, int(metric_step)))
-        if any(not m.key.startswith(LATE_PREFIXES) for m in metrics):
-            # A dump with this iteration's own keys: the next late keys belong to this step.
-            self.previous_step = step
-        if metrics:
-            self.client.log_batch(self.run_id, metrics=metrics)
-            self.calls += 1
-
-    def close(self) -> None:
-        """Nothing to release: the client is owned by the caller."""
 
 
 def finite_or_none(value: float | None) -> float | None:

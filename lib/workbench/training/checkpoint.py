@@ -47,10 +47,11 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import KVWriter
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecNormalize
 
-from workbench import tracking
 from workbench.envs import guards
 from workbench.tracking import runs
 from workbench.tracking.outbox import DeliveryClient
+from workbench.tracking.writer import MlflowWriter
+from workbench.training.faults import Interruption
 
 FORMAT = "workbench-checkpoint/1"
 ARRAYS_FILE = "arrays.safetensors"
@@ -262,12 +263,12 @@ def set_eval_env_state(eval_env: VecEnv | None, state: dict[str, Any] | None) ->
     eval_env.unwrapped._seeds = list(state["pending_seeds"])  # type: ignore[attr-defined]
 
 
-def mlflow_writer(logger: Any) -> tracking.MlflowWriter | None:
+def mlflow_writer(logger: Any) -> MlflowWriter | None:
     """The MLflow writer among a logger's outputs (possibly wrapped)."""
     for output in getattr(logger, "output_formats", []):
         while isinstance(output, IterationOffsetWriter):
             output = output.inner
-        if isinstance(output, tracking.MlflowWriter):
+        if isinstance(output, MlflowWriter):
             return output
     return None
 
@@ -471,7 +472,7 @@ class RecoveryCallback(BaseCallback):
     - At every iteration boundary: an in-memory snapshot (:func:`capture`); written as a
       checkpoint when ``every_steps`` have passed since the last due point, keeping the
       newest ``keep_last`` in the store.
-    - After every environment step: a stop requested by :class:`guards.Interruption` ends
+    - After every environment step: a stop requested by :class:`Interruption` ends
       the rollout (the step in flight completes first); at most every
       ``runs.HEARTBEAT_INTERVAL_S`` seconds the run's heartbeat tag is refreshed.
     - At the end: the final state is written; after a stop request, the last boundary.
@@ -490,7 +491,7 @@ class RecoveryCallback(BaseCallback):
         *,
         every_steps: int,
         keep_last: int,
-        interruption: guards.Interruption,
+        interruption: Interruption,
         existing_steps: Sequence[int] = (),
     ) -> None:
         super().__init__()
@@ -577,16 +578,6 @@ class RecoveryCallback(BaseCallback):
             self.client.delete_artifacts(self.run_id, checkpoint_path(oldest))
 
 
-def config_from_yaml(text: str) -> Any:
-    """A validated ``WorkbenchConfig`` from a stored ``config.yaml`` (ConfigError if unfit)."""
-    from omegaconf import DictConfig, OmegaConf
-
-    from workbench import config
-
-    node = OmegaConf.create(text)
-    if not isinstance(node, DictConfig):
-        raise config.ConfigError("config.yaml does not hold a mapping of config keys")
-    return config.validate(node)
 
 
 def save_last_good(recovery: RecoveryCallback | None, write: bool = True) -> str | None:
@@ -607,64 +598,9 @@ def save_last_good(recovery: RecoveryCallback | None, write: bool = True) -> str
         return recovery.last_saved
 
 
-# --------------------------------------------------------------------------- safe loading
 
 
-class UnsafeLoadError(ValueError):
-    """Loading would unpickle data; refused without ``allow_pickle=True``."""
 
 
-def load_model(model_zip: str | Path, env: VecEnv | None = None, *, allow_pickle: bool = False,
-               device: str = "cpu") -> Any:
-    """Load an SB3 PPO ``model.zip`` without executing code from the file.
-
-    SB3's own loader unpickles some entries of ``model.zip`` (spaces, schedules,
-    ``policy_kwargs``) with cloudpickle, which runs arbitrary code. Unless ``allow_pickle=True``
-    (only for files you created), the model is instead rebuilt from the ``config.yaml`` next to
-    it (Workbench writes ``model/config.yaml``) and only the weights are read, with
-    ``torch.load(weights_only=True)`` (PyTorch's restricted, tensors-only unpickler).
-    Without ``env`` a single evaluation env is made from the config.
-    """
-    import io
-    import zipfile
-
-    from stable_baselines3 import PPO
-
-    from workbench import envs
-    from workbench.training import trainer
-
-    model_zip = Path(model_zip)
-    if allow_pickle:
-        return PPO.load(model_zip, env=env, device=device)
-    config_path = model_zip.parent / CONFIG_FILE
-    if not config_path.exists():
-        raise UnsafeLoadError(
-            f"{model_zip}: no {CONFIG_FILE} next to it to rebuild the model from; pass "
-            "allow_pickle=True (CLI: --allow-pickle) only if you created this file"
-        )
-    cfg = config_from_yaml(config_path.read_text())
-    cfg.device = device
-    env = env if env is not None else envs.make_eval_env(trainer.env_spec(cfg))
-    model = trainer.build_model(cfg, env)
-    with zipfile.ZipFile(model_zip) as archive:
-        weights = torch.load(io.BytesIO(archive.read("policy.pth")), map_location=device,
-                             weights_only=True)
-        data = json.loads(archive.read("data").decode())
-    model.policy.load_state_dict(weights)
-    if isinstance(data.get("num_timesteps"), int):
-        model.num_timesteps = data["num_timesteps"]
-    return model
 
 
-def load_vecnormalize(path: str | Path, venv: VecEnv, *, allow_pickle: bool = False) -> VecEnv:
-    """``VecNormalize.load`` (a pickle file) only with ``allow_pickle=True``.
-
-    Prefer the statistics in a checkpoint's ``arrays.safetensors`` (see
-    :func:`vecnormalize_state`), which cannot execute code.
-    """
-    if not allow_pickle:
-        raise UnsafeLoadError(
-            f"{path}: vecnormalize.pkl is a pickle and can execute code when loaded; pass "
-            "allow_pickle=True (CLI: --allow-pickle) only for files you created"
-        )
-    return VecNormalize.load(str(path), venv)

@@ -29,10 +29,12 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
-from workbench import config, tracking
+from workbench import config
 from workbench.config import ConfigError, WorkbenchConfig
 from workbench.tracking import outbox, runs
-from workbench.training import checkpoint
+from workbench.tracking.redaction import redact_uri
+from workbench.tracking.store import is_embedded, resolve_tracking_uri
+from workbench.training.checkpoint import CorruptCheckpoint, download, stored_checkpoints
 
 # Keys a resume may set (prefixes end at a dot boundary). Everything else must match the run.
 MAY_CHANGE = (
@@ -84,7 +86,7 @@ def resume_config(composed: DictConfig, overrides: Sequence[str]) -> WorkbenchCo
                 f"configuration); only {', '.join(k for k in MAY_CHANGE if k != 'resume')} may "
                 "be given with resume="
             )
-    uri = tracking.resolve_tracking_uri(composed.tracking.uri)
+    uri = resolve_tracking_uri(composed.tracking.uri)
     point = find(run_id, uri)
     merged = OmegaConf.create(config.to_dict(point.config))
     # The store the run was found in is where it continues (the saved URI has its password
@@ -99,7 +101,7 @@ def find(run_id: str, uri: str) -> ResumePoint:
 
     Reads only; raises :class:`ConfigError` naming the problem and the fix.
     """
-    if tracking.is_embedded(uri) and not Path(uri.removeprefix("sqlite:///")).exists():
+    if is_embedded(uri) and not Path(uri.removeprefix("sqlite:///")).exists():
         raise not_found(run_id, uri)
     client = MlflowClient(tracking_uri=uri)
     try:
@@ -117,7 +119,7 @@ def find(run_id: str, uri: str) -> ResumePoint:
                     f"holds writes the store did not accept ({result.note}); run `workbench "
                     "runs sync` once the store is reachable, then resume"
                 )
-    stored = checkpoint.stored_checkpoints(client, run_id)
+    stored = stored_checkpoints(client, run_id)
     complete = [c for c in stored if c.complete]
     if not complete:
         raise ConfigError(
@@ -127,15 +129,15 @@ def find(run_id: str, uri: str) -> ResumePoint:
     latest = complete[-1]
     with tempfile.TemporaryDirectory(prefix="workbench-resume-") as tmp:
         try:
-            state, config_yaml = checkpoint.download(client, run_id, latest, Path(tmp))
-        except checkpoint.CorruptCheckpoint as exc:
+            state, config_yaml = download(client, run_id, latest, Path(tmp))
+        except CorruptCheckpoint as exc:
             raise ConfigError(
                 f"resume={run_id}: checkpoint {latest.path} is corrupt: {exc}; delete that "
                 "folder from the run's artifacts to resume from the one before, or start a "
                 "new run"
             ) from exc
     try:
-        saved = checkpoint.config_from_yaml(config_yaml)
+        saved = config.from_yaml(config_yaml)
     except ConfigError as exc:
         raise ConfigError(
             f"resume={run_id}: the checkpoint's config.yaml no longer fits the schema ({exc})"
@@ -150,7 +152,7 @@ def find(run_id: str, uri: str) -> ResumePoint:
 def not_found(run_id: str, uri: str) -> ConfigError:
     """The error for a resume id the store does not know."""
     return ConfigError(
-        f"resume={run_id}: no such run in the tracking store {tracking.redact_uri(uri)}; "
+        f"resume={run_id}: no such run in the tracking store {redact_uri(uri)}; "
         "copy the id from `workbench train`'s last line or the MLflow UI, and check "
         "MLFLOW_TRACKING_URI / tracking.uri"
     )

@@ -1,0 +1,193 @@
+"""Composition: ``conf/config.yaml`` + Hydra overrides -> a validated :class:`WorkbenchConfig`.
+
+``load_config(overrides)`` composes with Hydra's compose API (so it works the same from the
+CLI, a notebook and the tests), merges the result into the schema and runs the checks of
+:mod:`workbench.config.checks`. Overrides are checked against the schema and the group
+options first, so a typo fails with one line and a "did you mean" suggestion. Every failure
+is a :class:`ConfigError` naming the key, the problem and the fix; the CLI turns it into
+exit code 2 before any environment or MLflow run exists.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from workbench import paths
+from workbench.config.checks import describe_omegaconf_error, validate
+from workbench.config.errors import ConfigError
+from workbench.config.schema import WorkbenchConfig, _field_type
+
+SCHEMA_NAME = "workbench_schema"
+GROUPS = ("env", "algo", "tuning", "experiment", "sweep", "tracking")
+
+
+def minibatch(num_envs: int, n_steps: int, minibatches: int) -> int:
+    """``${minibatch:${env.num_envs},${algo.n_steps},k}``: a k-th of the rollout (at least 2).
+
+    conf/algo/ppo.yaml sizes its minibatch this way, so overriding ``env.num_envs`` or
+    ``algo.n_steps`` keeps the same number of gradient steps per update (README "Performance").
+    """
+    return max(2, int(num_envs) * int(n_steps) // int(minibatches))
+
+
+# OmegaConf's extension point for computed values; replace=True makes re-imports harmless.
+OmegaConf.register_new_resolver("minibatch", minibatch, replace=True)
+
+
+def conf_dir() -> Path:
+    """The directory holding ``config.yaml`` and the config groups."""
+    return paths.project_root() / "conf"
+
+
+def group_options(group: str) -> list[str]:
+    """Names of the options of a config group, from the YAML files in ``conf/<group>/``."""
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def compose(overrides: Sequence[str] = ()) -> DictConfig:
+    """Compose ``conf/config.yaml`` with Hydra overrides, without validating the result.
+
+    Hydra's compose API keeps global state; clearing it first means re-running a notebook
+    cell never fails with "GlobalHydra is already initialized".
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+
+    check_overrides(overrides)
+    # The schema is the first entry of config.yaml's defaults list: every key exists with its
+    # type before the YAML files and overrides are merged in (Hydra's structured configs).
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=WorkbenchConfig)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            return hydra_compose(config_name="config", overrides=list(overrides))
+    except ConfigError:
+        raise
+    except Exception as exc:  # Hydra wraps OmegaConf errors in several exception types
+        raise ConfigError(describe_hydra_error(exc)) from exc
+
+
+def load_config(overrides: Sequence[str] = ()) -> WorkbenchConfig:
+    """Compose, type-check and validate ``conf/config.yaml`` with ``overrides``.
+
+    ``resume=<run_id>`` is kept as given here: the run's own config comes from the tracking
+    store, so :func:`workbench.training.load_config` (the training run's loader) resolves it.
+    """
+    return validate(compose(overrides))
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def check_overrides(overrides: Sequence[str]) -> None:
+    """Check override keys against the schema and group options before Hydra composes.
+
+    Hydra would reject most of these too, but with multi-line messages and without the list
+    of valid choices; this gives one actionable line (and "did you mean" suggestions).
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for text in overrides:
+        try:
+            override = parser.parse_override(text)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(
+                f"override {text!r}: cannot parse ({first}); write key=value, e.g. seed=3"
+            ) from exc
+        key = override.key_or_group
+        if override.is_add() or override.is_force_add() or override.is_delete():
+            continue  # the user asked for Hydra's explicit append/delete semantics
+        if key == "tuning" and override.value() is None:
+            raise ConfigError(
+                f"override {text!r}: the tuning group is chosen from algo and env "
+                "(conf/tuning/<algo>_<env>.yaml); write ~tuning to compose without it"
+            )
+        if key in GROUPS:
+            _check_group_option(key, override.value())
+        else:
+            _check_schema_key(key)
+
+
+def _check_group_option(group: str, value: Any) -> None:
+    options = group_options(group)
+    values = value if isinstance(value, list) else [value]
+    for option in values:
+        if option is None or str(option) in options:
+            continue
+        close = difflib.get_close_matches(str(option), options, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(
+            f"{group}={option}: unknown {group} option{hint}; choose one of {', '.join(options)}"
+        )
+
+
+def _check_schema_key(dotted: str) -> None:
+    node: Any = WorkbenchConfig
+    walked: list[str] = []
+    for part in dotted.split("."):
+        if not (isinstance(node, type) and is_dataclass(node)):
+            return  # inside a free-form dict (env.kwargs, tracking.tags): anything goes
+        by_name = {f.name: f for f in fields(node)}
+        if part not in by_name:
+            where = ".".join(walked) or "the top level"
+            close = difflib.get_close_matches(part, list(by_name), n=1)
+            hint = f"did you mean {'.'.join([*walked, close[0]])}? " if close else ""
+            raise ConfigError(
+                f"{dotted}: unknown config key; {hint}valid keys of {where}: "
+                f"{', '.join(sorted(by_name))}"
+            )
+        walked.append(part)
+        node = _field_type(by_name[part])
+
+
+def describe_hydra_error(exc: BaseException) -> str:
+    """One line from a Hydra composition error, keeping its most specific cause."""
+    text = str(exc)
+    if "To append to your config use" in text:
+        # A key the composed config lacks (e.g. inside env.kwargs): Hydra wants a leading '+'.
+        suggestion = text.split("To append to your config use", 1)[1].strip().splitlines()[0]
+        target = text.split("'")[1] if "'" in text else "override"
+        return f"{target}: not in the composed config; to add it write {suggestion}"
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+            return describe_omegaconf_error(cause)
+        cause = cause.__cause__ or cause.__context__
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return " ".join(lines[:3]) if lines else type(exc).__name__
+
+
+def hydra_value(value: Any) -> str:
+    """``value`` in Hydra's override grammar."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        text = repr(value)
+        if "e" in text:  # Hydra's grammar has no leading zeros in exponents (1e-05 -> 1e-5)
+            mantissa, exponent = text.split("e")
+            text = f"{mantissa}e{int(exponent)}"
+        return text
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    text = str(value)
+    bare = text.replace("-", "").replace("/", "").replace(".", "").replace("_", "")
+    if bare.isalnum() and text[0].isalpha() and text.lower() not in ("true", "false", "null"):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -1,0 +1,94 @@
+"""How a run presents itself: its name, tags, description, params and the header it prints.
+
+Derived values are computed once (:func:`workbench.config.derive`), logged as ``derived.*``
+params and printed at start, so the run table, the run page and the console agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from workbench import config
+from workbench.config import Derived, WorkbenchConfig
+from workbench.envs.calibration import VecEnvChoice
+from workbench.tracking.redaction import redact_uri
+
+
+def default_run_name(cfg: WorkbenchConfig) -> str:
+    """``<env>-ne<num_envs>-ns<n_steps>-s<seed>``, e.g. ``halfcheetah-ne8-ns256-s0``."""
+    return f"{cfg.env.name}-ne{cfg.env.num_envs}-ns{cfg.algo.n_steps}-s{cfg.seed}"
+
+
+def run_tags_for(cfg: WorkbenchConfig) -> dict[str, str]:
+    """Tags that make MLflow's own run table useful (filter and group by them)."""
+    tags = {
+        "env": cfg.env.name,
+        "env_id": cfg.env.id,
+        "algo": cfg.algo.name,
+        "num_envs": str(cfg.env.num_envs),
+        "n_steps": str(cfg.algo.n_steps),
+        "seed": str(cfg.seed),
+    }
+    if cfg.experiment_name:
+        tags["preset"] = cfg.experiment_name
+    tags["mlflow.note.content"] = run_description(cfg)  # the run's description in MLflow's UI
+    return tags
+
+
+def run_description(cfg: WorkbenchConfig) -> str:
+    """One sentence saying what the run trains, shown as its description in MLflow's UI."""
+    a, e = cfg.algo, cfg.env
+    preset = f"; preset {cfg.experiment_name}" if cfg.experiment_name else ""
+    return (
+        f"PPO on {e.id}: {e.num_envs} envs x {a.n_steps} steps = {e.num_envs * a.n_steps} "
+        f"samples per update (minibatch {a.batch_size}, {a.n_epochs} epochs, lr "
+        f"{a.learning_rate:g}), {cfg.total_timesteps} env steps, seed {cfg.seed}{preset}."
+    )
+
+
+def run_params(cfg: WorkbenchConfig, derived: Derived, threads: int) -> dict[str, Any]:
+    """The flattened resolved config plus the derived quantities (``derived.*``)."""
+    params = config.flatten(config.to_dict(cfg))
+    params.update(
+        {
+            "derived.rollout_size": derived.rollout_size,
+            "derived.minibatches_per_epoch": derived.minibatches_per_epoch,
+            "derived.gradient_steps_per_iteration": derived.gradient_steps_per_iteration,
+            "derived.iterations": derived.iterations,
+            "derived.env_seeds": derived.env_seeds,
+            "derived.torch_threads": threads,
+        }
+    )
+    return params
+
+
+def header_lines(
+    cfg: WorkbenchConfig,
+    derived: Derived,
+    model: Any,
+    threads: int,
+    uri: str,
+    run_id: str,
+    run_name: str,
+    vec_choice: VecEnvChoice | None = None,
+) -> dict[str, Any]:
+    """What the run is about to do, printed once before training."""
+    cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    normalize = " + VecNormalize" if cfg.env.normalize else ""
+    return {
+        "task": f"{cfg.env.id}  obs {model.observation_space.shape}  "
+        f"act {model.action_space.shape}",
+        "envs": f"{cfg.env.num_envs} x {vec_choice.name if vec_choice else cfg.env.vec_env}"
+        f"{normalize}, seeds {derived.env_seeds[0]}"
+        f"..{derived.env_seeds[-1]}"
+        + (f" ({vec_choice.reason})" if vec_choice and cfg.env.vec_env == "auto" else ""),
+        "rollout": f"{derived.rollout_size} samples = {cfg.env.num_envs} envs x "
+        f"{cfg.algo.n_steps} steps; {derived.minibatches_per_epoch} minibatches of "
+        f"{cfg.algo.batch_size} x {cfg.algo.n_epochs} epochs",
+        "budget": f"{cfg.total_timesteps} steps = {derived.iterations} iterations",
+        "device": f"{model.device} (torch threads {threads}; GPU: {cuda})",
+        "tracking": f"{redact_uri(uri)}  experiment {cfg.tracking.experiment!r}",
+        "run": f"{run_name}  ({run_id})",
+    }

@@ -1,0 +1,228 @@
+"""A training run's lifecycle, in one place: what is decided before the run exists, and the
+run itself from its creation to a truthful final status.
+
+:func:`setup_run` decides everything that needs no run: the store (checked first, so an
+unusable one fails before any compute), the vectorization backend, the learner's threads,
+the run's name and tags. :func:`open_run` creates (or, on resume, reopens) the MLflow run and
+owns it until it ends: every write goes through the run's outbox, MLflow's system metrics
+sampler runs alongside, and whatever happens inside the ``with`` block the run ends
+
+- FINISHED when the block completes,
+- KILLED on Ctrl-C / SIGTERM (:class:`KeyboardInterrupt`), the reason in its ``error`` tag,
+- FAILED on any other exception, the error in its ``error`` tag,
+
+with the last good checkpoint written in the last two cases, the environments closed, the
+GPU memory released and the outbox drained. The pattern is lightning-hydra-template's
+``task_wrapper``: the training function itself has no ``try``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.vec_env import VecEnv
+
+from workbench import config
+from workbench.config import Derived, WorkbenchConfig
+from workbench.envs.calibration import VecEnvChoice, choose_vec_env
+from workbench.envs.cores import auto_torch_threads
+from workbench.envs.spec import EnvSpec
+from workbench.tracking import manifest
+from workbench.tracking.outbox import DeliveryClient
+from workbench.tracking.redaction import scrub, scrub_command, scrub_yaml
+from workbench.tracking.runs import check_experiments_writable
+from workbench.tracking.store import (
+    ensure_experiment,
+    log_params,
+    make_client,
+    resolve_tracking_uri,
+    truncate,
+)
+from workbench.tracking.system_metrics import start_system_metrics, stop_system_metrics
+from workbench.training.checkpoint import RecoveryCallback, save_last_good
+from workbench.training.describe import default_run_name, run_params, run_tags_for
+from workbench.training.faults import Interruption, interrupt_reason, release_accelerator
+from workbench.training.resume import reopen
+from workbench.training.start import Start
+
+ERROR_TAG_LIMIT = 5000  # characters of an exception kept in the run's ``error`` tag
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """Everything decided before the run exists."""
+
+    cfg: WorkbenchConfig
+    derived: Derived
+    uri: str
+    client: MlflowClient  # the store itself; the run's writes go through its outbox
+    experiment_id: str
+    env_spec: EnvSpec  # ``vec_env=auto`` resolved
+    vec_choice: VecEnvChoice
+    torch_threads: int
+    run_name: str
+    tags: dict[str, str]
+
+
+def setup_run(cfg: WorkbenchConfig, start: Start, *, tags: Mapping[str, str] | None = None,
+              parent_run_id: str | None = None) -> RunSetup:
+    """Open the store, choose the backend and threads, name and tag the run.
+
+    Also configures this process for the run: torch's thread count and its deterministic
+    algorithms (``repro.deterministic``, set for every run so that a notebook does not keep
+    an earlier run's setting).
+    """
+    uri = resolve_tracking_uri(cfg.tracking.uri)
+    check_experiments_writable()
+    client = make_client(uri)
+    experiment_id = (start.resumed.run.info.experiment_id if start.resumed
+                     else ensure_experiment(client, cfg.tracking.experiment, uri))
+    # env.vec_env=auto is resolved here, once, before the run exists (envs/calibration.py)
+    vec_choice = choose_vec_env(start.env_spec(EnvSpec.from_config(cfg)))
+    threads = cfg.torch_threads or auto_torch_threads(cfg.env.num_envs, vec_choice.name)
+    torch.set_num_threads(threads)
+    manifest.configure_determinism(cfg.repro.deterministic)
+    run_tags = scrub({**run_tags_for(cfg), **cfg.tracking.tags, **(tags or {})})
+    if parent_run_id:
+        run_tags["mlflow.parentRunId"] = parent_run_id
+    return RunSetup(
+        cfg=cfg, derived=config.derive(cfg), uri=uri, client=client,
+        experiment_id=experiment_id,
+        env_spec=replace(EnvSpec.from_config(cfg), vec_env=vec_choice.name),
+        vec_choice=vec_choice, torch_threads=threads,
+        run_name=cfg.tracking.run_name or default_run_name(cfg), tags=run_tags,
+    )
+
+
+@dataclass
+class TrainingRun:
+    """The MLflow run being trained, and what must be released when it ends."""
+
+    run: Run
+    client: DeliveryClient  # every write of the run goes through its outbox
+    config_yaml: str  # the resolved config, secrets masked, as stored with the run
+    interruption: Interruption = field(default_factory=Interruption)
+    recovery: RecoveryCallback | None = None
+    manifest: dict[str, Any] | None = None
+    envs: list[VecEnv] = field(default_factory=list)
+    model: Any = None
+
+    @property
+    def run_id(self) -> str:
+        return str(self.run.info.run_id)
+
+    def record(self, setup: RunSetup, start: Start, run_info: Mapping[str, Any] | None) -> None:
+        """Manifest, params (a resumed run keeps its own: MLflow's are write-once), config."""
+        cfg = setup.cfg
+        self.manifest = manifest.record_manifest(
+            self.client, self.run_id, start.run_info(run_info), seed=cfg.seed,
+            keep_tags=list(setup.tags),
+        )
+        if start.resumed is None:
+            params = {**run_params(cfg, setup.derived, setup.torch_threads),
+                      **setup.vec_choice.params(), **start.params()}
+            log_params(self.client, self.run_id, scrub(params))
+        self.client.log_text(self.run_id, self.config_yaml, "config.yaml")
+
+    def own(self, venv: VecEnv) -> VecEnv:
+        """``venv``, closed when the run ends (subprocess workers reaped)."""
+        self.envs.append(venv)
+        return venv
+
+    def own_model(self, model: Any) -> Any:
+        """``model``, whose GPU memory is released when the run ends (failed runs too)."""
+        self.model = model
+        return model
+
+    def checkpoints(self, cfg: WorkbenchConfig, train_env: VecEnv, eval_env: VecEnv,
+                    existing_steps: Sequence[int] = ()) -> RecoveryCallback:
+        """The callback that snapshots, checkpoints, heartbeats and stops on request."""
+        self.recovery = RecoveryCallback(
+            self.client, self.run_id, self.config_yaml, train_env, eval_env,
+            every_steps=cfg.checkpoint.every_steps, keep_last=cfg.checkpoint.keep_last,
+            interruption=self.interruption, existing_steps=existing_steps,
+        )
+        return self.recovery
+
+    def learn(self, model: Any, total_timesteps: int, callbacks: Sequence[BaseCallback],
+              *, resumed: bool) -> None:
+        """``model.learn`` up to ``total_timesteps``; the first SIGINT/SIGTERM stops it after
+        the current step (then :class:`TrainingInterrupted` is raised), a second at once."""
+        with self.interruption.installed():
+            model.learn(total_timesteps - model.num_timesteps, callback=list(callbacks),
+                        log_interval=1, reset_num_timesteps=not resumed)
+        if self.interruption.requested:
+            raise self.interruption.error(f" at step {model.num_timesteps}")
+
+
+@contextlib.contextmanager
+def open_run(setup: RunSetup, start: Start) -> Iterator[TrainingRun]:
+    """Create (or reopen) the run, own it, and end it with a truthful status."""
+    store = setup.client
+    if start.resumed:  # the same run continues (workbench/training/resume.py)
+        run = start.resumed.run
+    else:
+        run = store.create_run(setup.experiment_id, run_name=setup.run_name, tags=setup.tags)
+    run_id = run.info.run_id
+    writer: MlflowClient = store  # until the outbox exists, status writes go to the store
+    training: TrainingRun | None = None
+    monitor = None
+    try:
+        delivery = DeliveryClient(setup.uri, run_id)
+        writer = delivery
+        if start.resumed:
+            delivery.skip_logged = reopen(store, start.resumed)
+        training = TrainingRun(run, delivery, scrub_yaml(config.to_dict(setup.cfg)))
+        if setup.cfg.tracking.system_metrics:
+            monitor = start_system_metrics(run_id, setup.uri,
+                                           setup.cfg.tracking.system_metrics_interval_s,
+                                           resume=start.resumed is not None)
+        yield training
+        writer.set_terminated(run_id, "FINISHED")
+    except KeyboardInterrupt as exc:
+        forced = training is not None and training.interruption.forced
+        saved = save_last_good(training.recovery if training else None, write=not forced)
+        writer.set_tag(run_id, "error", interrupt_reason(exc))
+        writer.set_terminated(run_id, "KILLED")
+        print_stopped(run_id, "KILLED", saved)
+        raise
+    except BaseException as exc:
+        saved = save_last_good(training.recovery if training else None)
+        error = scrub_command(f"{type(exc).__name__}: {exc}")
+        writer.set_tag(run_id, "error", truncate(error, ERROR_TAG_LIMIT))
+        writer.set_terminated(run_id, "FAILED")
+        print_stopped(run_id, "FAILED", saved)
+        raise
+    finally:
+        if training is not None:
+            close_envs(*training.envs)
+            release_accelerator(training.model)
+        stop_system_metrics(monitor)
+        if isinstance(writer, DeliveryClient):
+            writer.close()  # drains the outbox (workbench/tracking/outbox.py)
+
+
+def close_envs(*venvs: VecEnv | None) -> None:
+    """Close environments (reaps subprocess workers); a crashed worker must not mask errors."""
+    for venv in venvs:
+        if venv is None:
+            continue
+        try:
+            venv.close()
+        except Exception as exc:  # a dead worker's pipe; the original error matters more
+            print(f"warning: closing environments failed: {exc}", file=sys.stderr)
+
+
+def print_stopped(run_id: str, status: str, saved: str | None) -> None:
+    """Where a stopped run's state is and how to continue it."""
+    where = f"checkpoint {saved}; resume with: workbench train resume={run_id}" if saved else (
+        "no checkpoint written")
+    print(f"workbench: run {run_id} {status}; {where}", file=sys.stderr, flush=True)

@@ -1,0 +1,107 @@
+"""What a training run starts from: its checked config, and fresh weights, its own last
+checkpoint (``resume=<run_id>``) or a policy pulled from the Hub (``init.hub_repo_id``).
+
+:func:`load_config` is the configuration of a training run: the config layer's composition and
+checks, plus what needs the layers below training: the environment checks (simulator registry,
+env kwargs, randomization, EnvPool support) and, for ``resume=<run_id>``, the run's own config
+from the tracking store (:mod:`workbench.training.resume`). :func:`prepare` is the one
+preparation step of a run: it finds the checkpoint or pulls the bundle, before the run exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+from stable_baselines3.common.vec_env import VecEnv
+
+from workbench import config
+from workbench.config import WorkbenchConfig
+from workbench.envs.checks import check_config
+from workbench.envs.spec import EnvSpec
+from workbench.tracking.outbox import DeliveryClient
+from workbench.tracking.store import resolve_tracking_uri
+from workbench.training.bundle import PulledBundle, init_run_info, initialize_model, pull_for_init
+from workbench.training.checkpoint import restore
+from workbench.training.resume import (
+    ResumePoint,
+    discard_incomplete,
+    resume_config,
+    same_backend,
+)
+from workbench.training.resume import prepare as resume_prepare
+
+
+def load_config(overrides: Sequence[str] = ()) -> WorkbenchConfig:
+    """Compose and check the config of a training run (``resume=<run_id>`` included).
+
+    With ``resume=<run_id>`` the result is that run's own config plus the overrides a resume
+    may change (:data:`workbench.training.resume.MAY_CHANGE`).
+    """
+    composed = config.compose(overrides)
+    cfg = resume_config(composed, overrides) if composed.get("resume") else config.validate(
+        composed)
+    check_config(cfg)
+    return cfg
+
+
+def validate(cfg: WorkbenchConfig | DictConfig | Mapping[str, Any]) -> WorkbenchConfig:
+    """The config layer's validation plus the environment checks (exit code 2 on failure)."""
+    typed = config.validate(cfg)
+    check_config(typed)
+    return typed
+
+
+@dataclass
+class Start:
+    """Where a run's weights and state come from: fresh, its own checkpoint, or a Hub bundle.
+
+    Decided by :func:`prepare` before the run exists; the trainer asks it at the few points
+    where the three differ (the backend, the records, the weights, the training state).
+    """
+
+    resumed: ResumePoint | None = None  # continue this run from its last checkpoint
+    bundle: PulledBundle | None = None  # initialize the policy from this pulled bundle
+
+    def env_spec(self, spec: EnvSpec) -> EnvSpec:
+        """A resumed run keeps the backend ``vec_env=auto`` chose for it (an exact resume)."""
+        return same_backend(spec, self.resumed)
+
+    def checkpoint_steps(self) -> list[int]:
+        """Steps of the checkpoints the run already has in the store."""
+        return list(self.resumed.stored_steps) if self.resumed else []
+
+    def run_info(self, run_info: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        """The manifest's ``run`` section, with the pulled policy's pinned commit."""
+        if self.bundle is None:
+            return run_info
+        return {**(run_info or {}), **init_run_info(self.bundle)}
+
+    def params(self) -> dict[str, Any]:
+        """Params of the start: the commit a tag or branch of the bundle resolved to."""
+        return {"init.hub_commit": self.bundle.commit} if self.bundle else {}
+
+    def initialize(self, model: Any, train_env: VecEnv) -> None:
+        """The bundle's weights and observation statistics (fresh runs only)."""
+        if self.bundle is not None:
+            initialize_model(model, train_env, self.bundle)
+
+    def restore(self, model: Any, train_env: VecEnv, eval_env: VecEnv,
+                client: DeliveryClient) -> None:
+        """A resumed run's training state, exactly where its checkpoint left it."""
+        if self.resumed is not None:
+            restore(model, train_env, eval_env, self.resumed.state)
+            discard_incomplete(client, self.resumed)
+
+
+def prepare(cfg: WorkbenchConfig) -> Start:
+    """Find the checkpoint to resume or pull the bundle to start from; bad input raises here.
+
+    Both are checked against ``cfg`` before the run exists, so a wrong run id, revision or
+    network shape is a :class:`ConfigError` (exit 2), not a failed run.
+    """
+    if cfg.resume:
+        return Start(resumed=resume_prepare(cfg, resolve_tracking_uri(cfg.tracking.uri)))
+    return Start(bundle=pull_for_init(cfg))
