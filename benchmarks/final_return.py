@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     store = Path(tempfile.mkdtemp(prefix="wb-final-"))
     uri = f"sqlite:///{store / 'mlflow.db'}"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "WORKBENCH_EXPERIMENTS": str(store)}
-    from workbench.sweeps.sweep import prepare_store
+    from workbench.sweeps.store import prepare_store
 
     # Created, migrated and switched to write-ahead logging once, before the seeds fan out.
     prepare_store(uri, "workbench")

@@ -38,7 +38,7 @@ def checkpoint_costs(saves: int) -> None:
     from workbench import config
     from workbench.envs.spec import EnvSpec
     from workbench.tracking import outbox
-    from workbench.training import checkpoint, load_config
+    from workbench.training import checkpoint, load_config, snapshot
     from workbench.training.model import build_model
 
     cfg = load_config(["console.progress_bar=false", "console.iteration_lines=false"])
@@ -60,7 +60,7 @@ def checkpoint_costs(saves: int) -> None:
         captures, syncs, delivered = [], [], []
         for i in range(saves):
             started = time.perf_counter()
-            state = checkpoint.capture(model, train_env, eval_env)
+            state = snapshot.capture(model, train_env, eval_env)
             captures.append(time.perf_counter() - started)
             state["num_timesteps"] = model.num_timesteps + i  # a new checkpoint each time
             recovery.snapshot = state

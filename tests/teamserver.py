@@ -88,12 +88,12 @@ def leftover_processes(text: str, pgid: int) -> list[str]:
 @pytest.fixture(scope="session")
 def team_server() -> Iterator[TeamServer]:
     """Start the team server for the session; skip (visibly) only without PostgreSQL."""
-    from workbench.team import server
+    from workbench.team import layout, postgres, server
 
     try:
-        server.postgres_bin_dir()
-        server.service_user()
-    except server.ServerError as exc:
+        postgres.postgres_bin_dir()
+        postgres.service_user()
+    except layout.ServerError as exc:
         pytest.skip(f"team server tests need PostgreSQL ({exc}); .ci/run installs it")
     # Under /tmp, world-traversable: as root the cluster runs as the postgres user, which
     # must reach its data directory (pytest's own tmp dirs are private to root).
@@ -110,7 +110,7 @@ def team_server() -> Iterator[TeamServer]:
                       outputs=[started.stdout, started.stderr])
     try:
         assert started.returncode == 0, started.stderr
-        team.pid = server.read_state(server.Layout(root / "server")).pid  # type: ignore[union-attr]
+        team.pid = server.read_state(layout.Layout(root / "server")).pid  # type: ignore[union-attr]
         create_user(team)
         yield team
     finally:

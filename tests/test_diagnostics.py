@@ -15,7 +15,7 @@ import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from workbench.config import ConfigError
-from workbench.review import report
+from workbench.review import records
 from workbench.review.diagnostics import (
     Series,
     Thresholds,
@@ -126,7 +126,7 @@ def log_run(client: MlflowClient, experiment_id: str, name: str, series: Values)
 
 
 @pytest.fixture(scope="module")
-def logged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, report.RunRecord]:
+def logged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, records.RunRecord]:
     """Every synthetic run, logged to one store and read back with the report's loader."""
     db = tmp_path_factory.mktemp("diagnostics") / "mlflow.db"
     client = MlflowClient(f"sqlite:///{db}")
@@ -134,11 +134,11 @@ def logged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, report.RunReco
     runs = {name: series for name, (series, _) in FIRING.items()} | SILENT
     runs["infinite"] = with_values(train__value_loss=put({12: math.inf}))
     ids = {name: log_run(client, experiment_id, name, series) for name, series in runs.items()}
-    return {name: report.load_run(client, client.get_run(i)) for name, i in ids.items()}
+    return {name: records.load_run(client, client.get_run(i)) for name, i in ids.items()}
 
 
 @pytest.mark.parametrize("check", sorted(FIRING))
-def test_diagnostic_fires_with_its_numbers(logged: dict[str, report.RunRecord], check: str
+def test_diagnostic_fires_with_its_numbers(logged: dict[str, records.RunRecord], check: str
                                           ) -> None:
     run = logged[check]
     found = diagnose(run.metrics, run.budget, Thresholds())
@@ -148,13 +148,13 @@ def test_diagnostic_fires_with_its_numbers(logged: dict[str, report.RunRecord], 
 
 
 @pytest.mark.parametrize("name", sorted(SILENT))
-def test_diagnostics_silent_on_healthy_runs(logged: dict[str, report.RunRecord], name: str
+def test_diagnostics_silent_on_healthy_runs(logged: dict[str, records.RunRecord], name: str
                                            ) -> None:
     run = logged[name]
     assert diagnose(run.metrics, run.budget, Thresholds()) == []
 
 
-def test_inf_survives_the_sql_store_and_fires(logged: dict[str, report.RunRecord]) -> None:
+def test_inf_survives_the_sql_store_and_fires(logged: dict[str, records.RunRecord]) -> None:
     run = logged["infinite"]
     assert run.metrics["train/value_loss"].values[11] == math.inf
     found = diagnose(run.metrics, run.budget, Thresholds())
@@ -162,7 +162,7 @@ def test_inf_survives_the_sql_store_and_fires(logged: dict[str, report.RunRecord
         ("nonfinite", {"metrics": 1.0, "first_step": 12000.0})]
 
 
-def test_evidence_names_the_numbers(logged: dict[str, report.RunRecord]) -> None:
+def test_evidence_names_the_numbers(logged: dict[str, records.RunRecord]) -> None:
     run = logged["approx_kl"]
     (found,) = diagnose(run.metrics, run.budget, Thresholds())
     assert found.evidence == "approx_kl > 0.05 in 3 of 20 iterations, max 0.120 at step 8000"
@@ -171,7 +171,7 @@ def test_evidence_names_the_numbers(logged: dict[str, report.RunRecord]) -> None
                              "(steps 6000-10000), peak 0.450")
 
 
-def test_thresholds_are_configurable(logged: dict[str, report.RunRecord]) -> None:
+def test_thresholds_are_configurable(logged: dict[str, records.RunRecord]) -> None:
     run = logged["approx_kl"]
     assert diagnose(run.metrics, run.budget, Thresholds(approx_kl_max=0.2)) == []
     loose = Thresholds.from_mapping({"clip_fraction_iterations": "6"})
@@ -262,7 +262,7 @@ def test_gpu_metrics_logged_by_mlflow_are_read(tmp_path: Path) -> None:
     metrics = [Metric("system/gpu_0_utilization_percentage", 10.0 * k, 0, k) for k in range(5)]
     metrics += [Metric("system/gpu_1_utilization_percentage", 40.0, 0, k) for k in range(5)]
     client.log_batch(run.info.run_id, metrics=metrics)
-    record = report.load_run(client, client.get_run(run.info.run_id))
+    record = records.load_run(client, client.get_run(run.info.run_id))
     assert analyse_bottleneck(record.metrics).gpu_percent == 30.0  # mean of 20 and 40
 
 

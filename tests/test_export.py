@@ -17,7 +17,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from stable_baselines3 import PPO
 from workbench import cli
-from workbench.deploy import export
+from workbench.deploy import export, graph
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_env
 from workbench.training import load_config, train
@@ -100,7 +100,7 @@ def test_onnx_graph_passes_checker_with_dynamic_batch(exported: Exported) -> Non
     assert in_dims[1].dim_value == 17
     assert exported.report["graph"]["onnx_opset"] == max(o.version for o in model.opset_import
                                                          if o.domain in ("", "ai.onnx"))
-    session = export.onnx_session(exported.folder / "policy.onnx")
+    session = graph.onnx_session(exported.folder / "policy.onnx")
     for batch in (1, 7):
         out = session.run(None, {"obs": np.zeros((batch, 17), np.float32)})[0]
         assert out.shape == (batch, 6)
@@ -110,7 +110,7 @@ def test_graph_holds_normalization_and_clipping(exported: Exported, tmp_path: Pa
     source = load_policy(exported, tmp_path)
     with np.load(exported.folder / "samples.npz") as samples:
         obs = samples["observations"]
-    session = export.onnx_session(exported.folder / "policy.onnx")
+    session = graph.onnx_session(exported.folder / "policy.onnx")
     onnx_out = session.run(None, {"obs": obs})[0]
     with_norm, _ = source.model.predict(source.vecnormalize.normalize_obs(obs), deterministic=True)
     without_norm, _ = source.model.predict(obs, deterministic=True)

@@ -27,7 +27,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from workbench.envs import guards
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_envs
-from workbench.tracking import outbox
+from workbench.tracking import journal, outbox
 from workbench.training import checkpoint, load_config, train
 
 from .conftest import ROOT, TINY, run_cli
@@ -363,7 +363,7 @@ def test_outbox_keeps_what_the_store_refused_and_sync_delivers_it_once(
     down.set_terminated(run_id, "FINISHED")
     assert down.close() == 3  # nothing was lost: all three writes wait in the outbox
     folder = store / "outbox" / run_id
-    assert len(outbox.Journal(folder).pending()) == 3
+    assert len(journal.Journal(folder).pending()) == 3
     assert client.get_run(run_id).info.status == "RUNNING"
 
     result = outbox.sync_outbox(client, folder)
@@ -376,5 +376,5 @@ def test_outbox_keeps_what_the_store_refused_and_sync_delivers_it_once(
     assert Path(client.download_artifacts(run_id, "notes/hello.txt", str(tmp_path))
                 ).read_text() == "hello"
     # A replay (a write delivered, its acknowledgement lost in a kill) changes nothing.
-    outbox.apply(client, run_id, outbox.encode_batch(metrics, [], []), outbox.Journal(folder))
+    journal.apply(client, run_id, journal.encode_batch(metrics, [], []), journal.Journal(folder))
     assert len(client.get_metric_history(run_id, "loss")) == 2

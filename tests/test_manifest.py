@@ -25,7 +25,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from workbench import cli, config
-from workbench.tracking import manifest
+from workbench.tracking import manifest, manifest_diff
 from workbench.tracking.redaction import (
     is_secret_name,
     remote_without_credentials,
@@ -400,8 +400,8 @@ def two_sources(tmp_path: Path) -> tuple[Path, Path, str]:
 def test_diff_finds_package_git_and_config_changes(two_sources: tuple[Path, Path, str]) -> None:
     a, b, old_torch = two_sources
     base = json.loads((a / "manifest.json").read_text())
-    diffs = manifest.diff_sources(manifest.load_source(str(a), str),
-                                  manifest.load_source(str(b / "manifest.json"), str))
+    diffs = manifest_diff.diff_sources(manifest_diff.load_source(str(a), str),
+                                  manifest_diff.load_source(str(b / "manifest.json"), str))
     assert [(d.section, d.key, d.a, d.b) for d in diffs] == [
         ("packages", "torch", old_torch, "2.12.1+cu126"),
         ("git", "commit", base["git"]["commit"], "0" * 40),

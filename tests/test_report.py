@@ -21,8 +21,8 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from workbench.cli import main, parse
 from workbench.config import ConfigError
-from workbench.review import report
-from workbench.review.report import Selection
+from workbench.review import records, render, report
+from workbench.review.selection import Selection, all_experiment_ids, find_runs, known_sweeps
 
 from . import reportdata
 from .conftest import ROOT
@@ -77,7 +77,7 @@ def test_report_of_a_real_sweep_writes_every_file(sweep: reportdata.Sweep,
 
 def test_report_content_of_a_real_sweep(sweep: reportdata.Sweep) -> None:
     client = reportdata.client_for(sweep)
-    rep = report.build_report(client, Selection(sweep_id=sweep.sweep_id), store=sweep.uri,
+    rep = records.build_report(client, Selection(sweep_id=sweep.sweep_id), store=sweep.uri,
                               with_figures=False)  # the figures: the test above
     assert [r.run_id for r in rep.runs] == list(sweep.child_ids)  # oldest first, no parent
     assert rep.description == (  # the sweep's grid, from its parent run's params
@@ -93,7 +93,7 @@ def test_report_content_of_a_real_sweep(sweep: reportdata.Sweep) -> None:
     assert two_seeds.reward_std == pytest.approx(abs(rewards[0] - rewards[1]) / 2)
     ranked = [p.reward_mean for p in rep.points]
     assert ranked == sorted(ranked, reverse=True)
-    assert set(report.grid_cells(rep.points)) == {(1, 64), (1, 128), (2, 64), (2, 128)}
+    assert set(records.grid_cells(rep.points)) == {(1, 64), (1, 128), (2, 64), (2, 128)}
     for run in rep.runs:
         b = rep.bottlenecks[run.run_id]
         assert b.rollout_s > 0 and b.update_s > 0 and 0 < b.rollout_share < 1
@@ -159,7 +159,7 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
 
 def picked(synthetic: dict[str, object], selection: Selection) -> tuple[str | None, list[str]]:
     uri = str(synthetic["uri"])
-    chosen, runs, _ = report.find_runs(MlflowClient(uri), selection, uri)
+    chosen, runs, _ = find_runs(MlflowClient(uri), selection, uri)
     names = {v: k for k, v in synthetic.items() if isinstance(v, str)}
     return chosen.sweep_id, [names[r.info.run_id] for r in runs]
 
@@ -168,8 +168,8 @@ def test_no_selector_picks_the_most_recently_active_sweep(synthetic: dict[str, o
                                                          ) -> None:
     assert picked(synthetic, Selection()) == ("s-resumed", ["resumed_a"])
     client = MlflowClient(str(synthetic["uri"]))
-    ids = report.all_experiment_ids(client)
-    assert report.known_sweeps(client, ids) == ["s-resumed", "s-new", "s-old"]
+    ids = all_experiment_ids(client)
+    assert known_sweeps(client, ids) == ["s-resumed", "s-new", "s-old"]
 
 
 @pytest.mark.parametrize("selection, expected", [
@@ -216,7 +216,7 @@ def test_nothing_selected_is_one_clear_line(synthetic: dict[str, object], select
                                             message: str) -> None:
     uri = str(synthetic["uri"])
     with pytest.raises(ConfigError) as caught:
-        report.find_runs(MlflowClient(uri), selection, uri)
+        find_runs(MlflowClient(uri), selection, uri)
     assert str(caught.value).startswith(message.format(uri=uri))
     assert "\n" not in str(caught.value)
 
@@ -252,13 +252,13 @@ def test_a_diverged_run_never_ranks_first(scratch: tuple[MlflowClient, str, Path
     slow, fast = run("slow", 4, 100.0), run("fast", 5, 100.0)  # a tie, broken by wall time
     client.log_batch(slow, metrics=[Metric("summary/wall_time_s", 90.0, 0, 100)])
     client.log_batch(fast, metrics=[Metric("summary/wall_time_s", 30.0, 0, 100)])
-    rep = report.build_report(client, Selection(run_ids=(diverged, failed, good, slow, fast)),
+    rep = records.build_report(client, Selection(run_ids=(diverged, failed, good, slow, fast)),
                               store=uri, with_figures=False)
     assert [(p.label, p.diverged, p.finished) for p in rep.points] == [
         ("toy-ne5-ns8", False, True), ("toy-ne4-ns8", False, True),
         ("toy-ne3-ns8", False, True), ("toy-ne2-ns8", False, False),
         ("toy-ne1-ns8", True, True)]
-    ranking = next(b for b in report.report_blocks(rep) if b.kind == "table")
+    ranking = next(b for b in render.report_blocks(rep) if b.kind == "table")
     assert [row[1] for row in ranking.rows] == [
         "toy-ne5-ns8", "toy-ne4-ns8", "toy-ne3-ns8", "toy-ne2-ns8", "toy-ne1-ns8 (diverged)"]
     assert [row[3] for row in ranking.rows] == ["100.0", "100.0", "100.0", "500.0", "900.0"]
@@ -272,11 +272,11 @@ def test_each_task_gets_its_own_heatmaps(scratch: tuple[MlflowClient, str, Path]
     ids = [synthetic_run(client, exp, f"{env}-{ne}", 1000 + i, {
         "env": env, "num_envs": str(ne), "n_steps": "8"}, reward=float(i))
         for i, (env, ne) in enumerate([("hopper", 1), ("hopper", 2), ("walker 2d", 1)])]
-    rep = report.build_report(client, Selection(run_ids=tuple(ids)), store=uri)
+    rep = records.build_report(client, Selection(run_ids=tuple(ids)), store=uri)
     assert [f.filename for f in rep.figures] == [  # tasks in rank order (walker is best)
         "reward_curves.png", "update_signals.png", "grid_heatmaps-walker_2d.png",
         "grid_heatmaps-hopper.png", "time_split.png"]
-    hopper = report.grid_cells(report.points_by_env(rep.points)["hopper"])
+    hopper = records.grid_cells(records.points_by_env(rep.points)["hopper"])
     assert {cell: values["reward"] for cell, values in hopper.items()} == {
         (1, 8): 0.0, (2, 8): 1.0}
 
@@ -317,11 +317,11 @@ def test_manifest_facts_that_differ(scratch: tuple[MlflowClient, str, Path],
         if content is not None:
             client.log_text(run_id, json.dumps(content), "manifest.json")
         ids.append(run_id)
-    rep = report.build_report(client, Selection(run_ids=tuple(ids)), store=uri,
+    rep = records.build_report(client, Selection(run_ids=tuple(ids)), store=uri,
                               with_figures=False)
     assert rep.environment.differing == differing
     assert rep.environment.without_manifest == ["r2"]
-    texts = [b.text for b in report.environment_blocks(rep.environment)]
+    texts = [b.text for b in render.environment_blocks(rep.environment)]
     if shared_text:
         assert shared_text in texts
         assert rep.environment.shared == {

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from workbench.review import report
-from workbench.review.report import Selection
+from workbench.review import records, render
+from workbench.review.selection import Selection
 
 from . import reportdata
 
@@ -64,7 +64,7 @@ def test_report_page_loads_every_figure_without_errors(
     proc, folder = reportdata.written_report(tmp_path_factory.getbasetemp())
     assert proc.returncode == 0, proc.stderr
     index = folder / "index.html"
-    content = report.build_report(reportdata.client_for(sweep),
+    content = records.build_report(reportdata.client_for(sweep),
                                   Selection(sweep_id=sweep.sweep_id), store=sweep.uri,
                                   with_figures=False)
 
@@ -82,7 +82,7 @@ def test_report_page_loads_every_figure_without_errors(
         "return performance.getEntriesByType('resource').map(r => r.name);")
     assert resources == []  # nothing fetched: the page is self-contained
     tables = browser.execute_script("return document.querySelectorAll('table').length;")
-    assert tables == sum(1 for b in report.report_blocks(content)
+    assert tables == sum(1 for b in render.report_blocks(content)
                                                 if b.kind in ("table", "card"))
     errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
     assert errors == []

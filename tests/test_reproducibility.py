@@ -16,8 +16,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from workbench import cli
-from workbench.tracking import manifest
 from workbench.training import load_config, train
+from workbench.training.lifecycle import configure_determinism
 
 from .conftest import TINY, run_cli
 
@@ -47,7 +47,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         try:
             yield ids
         finally:
-            manifest.configure_determinism(False)  # leave the process as other tests expect
+            configure_determinism(False)  # leave the process as other tests expect
 
 
 def series(run_id: str) -> Series:

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 from workbench import cli
-from workbench.team import server
+from workbench.team import postgres, server
+from workbench.team.layout import Layout, default_layout
 from workbench.training import load_config
 
 from tests.conftest import TINY
@@ -85,7 +86,7 @@ def test_a_recycled_pid_in_server_json_is_never_signalled(
 ) -> None:
     """After a reboot the recorded pid may be another program's: here, pytest's own."""
     monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(tmp_path / "experiments"))
-    layout = server.default_layout()
+    layout = default_layout()
     layout.root.mkdir(parents=True)
     layout.state_file.write_text(json.dumps({
         "url": "http://127.0.0.1:5050", "host": "127.0.0.1", "port": 5050, "pg_port": 5433,
@@ -265,11 +266,11 @@ def psql(team: TeamServer, database: str, query: str) -> list[str]:
     """First column of ``query`` over the cluster's private socket."""
     import psycopg2
 
-    layout = server.Layout(team.root / "server")
+    layout = Layout(team.root / "server")
     state = server.read_state(layout)
     assert state is not None
     connection = psycopg2.connect(host=str(layout.socket_dir), port=state.pg_port,
-                                  user=server.DB_ROLE, dbname=database)
+                                  user=postgres.DB_ROLE, dbname=database)
     try:
         with connection.cursor() as cursor:
             cursor.execute(query)
@@ -280,12 +281,12 @@ def psql(team: TeamServer, database: str, query: str) -> list[str]:
 
 def pg_dump(team: TeamServer, database: str) -> str:
     """A plain-SQL dump of ``database`` (the whole store, as an administrator would see it)."""
-    layout = server.Layout(team.root / "server")
+    layout = Layout(team.root / "server")
     state = server.read_state(layout)
     assert state is not None
     done = subprocess.run(
-        [str(server.postgres_bin_dir() / "pg_dump"), "-h", str(layout.socket_dir),
-         "-p", str(state.pg_port), "-U", server.DB_ROLE, database],
+        [str(postgres.postgres_bin_dir() / "pg_dump"), "-h", str(layout.socket_dir),
+         "-p", str(state.pg_port), "-U", postgres.DB_ROLE, database],
         capture_output=True, text=True, check=True, timeout=120,
     )
     return done.stdout

@@ -17,6 +17,9 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from workbench.config import ConfigError, SweepConfig
 from workbench.sweeps import sweep
+from workbench.sweeps.executors import LocalExecutor
+from workbench.sweeps.plan import expand_grid, plan_sweep, point_name
+from workbench.sweeps.point import PointOutcome, point_environment, point_specs
 from workbench.training import load_config
 from workbench.training.describe import default_run_name
 
@@ -40,7 +43,7 @@ def runs_of(role: str) -> list[Run]:
 
 def test_grid_is_the_product_in_order_without_duplicates() -> None:
     grid = SweepConfig(num_envs=[1, 2], n_steps=[128, 256, 128], seeds=[0, 1])
-    names = [p.name for p in sweep.expand_grid(grid, "hopper")]
+    names = [p.name for p in expand_grid(grid, "hopper")]
     assert names == [
         "hopper-ne1-ns128-s0", "hopper-ne1-ns128-s1", "hopper-ne1-ns256-s0",
         "hopper-ne1-ns256-s1", "hopper-ne2-ns128-s0", "hopper-ne2-ns128-s1",
@@ -50,64 +53,64 @@ def test_grid_is_the_product_in_order_without_duplicates() -> None:
 
 def test_iso_batch_keeps_samples_per_update_constant() -> None:
     grid = SweepConfig(num_envs=[1, 2, 4, 8], n_steps=[999], seeds=[0], iso_batch=2048)
-    points = sweep.expand_grid(grid, "ant")
+    points = expand_grid(grid, "ant")
     assert [(p.num_envs, p.n_steps) for p in points] == [(1, 2048), (2, 1024), (4, 512),
                                                          (8, 256)]
     with pytest.raises(ConfigError, match=r"^sweep.iso_batch=2048 is not a multiple of "
                                           r"num_envs=3"):
-        sweep.expand_grid(SweepConfig(num_envs=[3], iso_batch=2048), "ant")
+        expand_grid(SweepConfig(num_envs=[3], iso_batch=2048), "ant")
 
 
 def test_point_name_is_the_run_name_train_gives() -> None:
     cfg = load_config(["env=walker2d", "env.num_envs=8", "algo.n_steps=256", "seed=3"])
-    assert sweep.point_name("walker2d", 8, 256, 3) == default_run_name(cfg)
+    assert point_name("walker2d", 8, 256, 3) == default_run_name(cfg)
 
 
 def test_plan_id_is_stable_and_follows_points_and_overrides() -> None:
     base = ["sweep.num_envs=[1,2]", "sweep.n_steps=[64]", *POINT_TINY]
-    plan = sweep.plan_sweep(base)
-    assert plan.sweep_id == sweep.plan_sweep([*base, "sweep.workers=1"]).sweep_id
+    plan = plan_sweep(base)
+    assert plan.sweep_id == plan_sweep([*base, "sweep.workers=1"]).sweep_id
     assert plan.sweep_id.startswith("default-") and len(plan.sweep_id) == len("default-") + 8
-    assert plan.sweep_id != sweep.plan_sweep([*base, "algo.n_epochs=3"]).sweep_id
-    assert sweep.plan_sweep([*base, "sweep.id=mine"]).sweep_id == "mine"
+    assert plan.sweep_id != plan_sweep([*base, "algo.n_epochs=3"]).sweep_id
+    assert plan_sweep([*base, "sweep.id=mine"]).sweep_id == "mine"
     assert plan.point_overrides == POINT_TINY  # sweep.* settings are not passed to points
     assert plan.grid_params()["sweep.num_envs"] == [1, 2]
 
 
 def test_grid_keys_cannot_be_overridden_for_the_whole_sweep() -> None:
     with pytest.raises(ConfigError) as info:
-        sweep.plan_sweep(["env.num_envs=4"])
+        plan_sweep(["env.num_envs=4"])
     assert str(info.value) == ("'env.num_envs=4' on the command line: env.num_envs is set per "
                                "point by the sweep; use sweep.num_envs instead, e.g. "
                                "sweep.num_envs=[4]")
     with pytest.raises(ConfigError, match="in sweep.overrides: seed is set per point"):
-        sweep.plan_sweep(["sweep.overrides=['seed=3']"])
+        plan_sweep(["sweep.overrides=['seed=3']"])
 
 
 def test_plan_reports_invalid_points_and_refuses_an_all_invalid_grid() -> None:
-    plan = sweep.plan_sweep(["sweep.num_envs=[1,2]", "sweep.n_steps=[64]", *POINT_TINY,
+    plan = plan_sweep(["sweep.num_envs=[1,2]", "sweep.n_steps=[64]", *POINT_TINY,
                              "algo.batch_size=128"])
     assert list(plan.invalid) == ["halfcheetah-ne1-ns64-s0"]
     assert plan.invalid["halfcheetah-ne1-ns64-s0"].startswith("algo.batch_size=128 is larger")
     with pytest.raises(ConfigError, match="^every point of the sweep is invalid"):
-        sweep.plan_sweep(["sweep.num_envs=[1]", "sweep.n_steps=[64]", "algo.batch_size=128"])
+        plan_sweep(["sweep.num_envs=[1]", "sweep.n_steps=[64]", "algo.batch_size=128"])
 
 
 def test_workers_never_oversubscribe_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORKBENCH_CPU_BUDGET", "2")
-    four = sweep.LocalExecutor(workers=4)
+    four = LocalExecutor(workers=4)
     assert (four.workers, four.cpus_per_point) == (2, 1)
     monkeypatch.setenv("WORKBENCH_CPU_BUDGET", "8")
-    two = sweep.LocalExecutor(workers=2)
+    two = LocalExecutor(workers=2)
     assert (two.workers, two.cpus_per_point) == (2, 4)
 
 
 def test_point_environment_sets_the_budget_and_drops_mlflow_run_id(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_RUN_ID", "the-parent")
-    plan = sweep.plan_sweep(["sweep.num_envs=[2]", "sweep.n_steps=[64]", *POINT_TINY])
-    (spec,) = sweep.point_specs(plan, plan.points, "parent", "0", cpus_per_point=3)
-    env = sweep.point_environment(spec)
+    plan = plan_sweep(["sweep.num_envs=[2]", "sweep.n_steps=[64]", *POINT_TINY])
+    (spec,) = point_specs(plan, plan.points, "parent", "0", cpus_per_point=3)
+    env = point_environment(spec)
     assert "MLFLOW_RUN_ID" not in env
     assert (env["WORKBENCH_CPU_BUDGET"], env["OMP_NUM_THREADS"]) == ("3", "3")
     assert spec.parameters["parent_run_id"] == "parent"
@@ -116,9 +119,9 @@ def test_point_environment_sets_the_budget_and_drops_mlflow_run_id(
 
 def test_results_table() -> None:
     table = sweep.results_table([
-        sweep.PointOutcome("hopper-ne1-ns64-s0", "FINISHED", final_reward=12.345, fps=321.4,
+        PointOutcome("hopper-ne1-ns64-s0", "FINISHED", final_reward=12.345, fps=321.4,
                            wall_s=20.2),
-        sweep.PointOutcome("hopper-ne2-ns64-s0", "FAILED", error="boom"),
+        PointOutcome("hopper-ne2-ns64-s0", "FAILED", error="boom"),
     ])
     assert table.splitlines() == [
         "point               status    final reward  fps  wall time",

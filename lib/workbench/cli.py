@@ -148,10 +148,10 @@ def setup_runs(parser: argparse.ArgumentParser) -> Runner:
 
 def setup_manifest(parser: argparse.ArgumentParser) -> Runner:
     """``workbench manifest [--format]`` and ``manifest diff RUN_A RUN_B``."""
-    from workbench.tracking import manifest
+    from workbench.tracking import manifest_diff
 
-    manifest.add_cli_arguments(parser)
-    return manifest.run_command
+    manifest_diff.add_cli_arguments(parser)
+    return manifest_diff.run_command
 
 
 def setup_report(parser: argparse.ArgumentParser) -> Runner:

@@ -21,16 +21,12 @@ training log, measure the worst case" (see shared FIELD_NOTES.md):
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import json
-import logging
 import math
 import os
 import tempfile
 import time
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,11 +35,20 @@ from typing import Any
 import numpy as np
 import torch
 from stable_baselines3 import PPO
-from stable_baselines3.common.distributions import DiagGaussianDistribution
 from stable_baselines3.common.vec_env import VecNormalize
 
 from workbench import config
 from workbench.config import ConfigError, RandomizationConfig, WorkbenchConfig
+from workbench.deploy.graph import (
+    INPUT_NAME,
+    OUTPUT_NAME,
+    deployed_policy,
+    export_onnx,
+    export_torchscript,
+    observation_dim,
+    onnx_session,
+)
+from workbench.deploy.latency import fp16_variant, latency_backends, measure_latency
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_env
 from workbench.tracking.redaction import redact_uri
@@ -58,11 +63,8 @@ DEFAULT_WARMUP = 100
 MIN_CALLS = 1000  # latency percentiles need enough samples for a meaningful p99
 OBS_SEED_OFFSET = 30_000  # seeds apart from training (seed + r) and evaluation (seed + 10000)
 REPLAY_SEED_OFFSET = 20_000
-INPUT_NAME, OUTPUT_NAME = "obs", "action"
 REPORT_NAME = "export_report.json"
 ARTIFACT_DIR = "export"
-
-
 
 
 @dataclass
@@ -81,145 +83,7 @@ class ExportResult:
 # --------------------------------------------------------------------------- the deployed graph
 
 
-class DeployedPolicy(torch.nn.Module):
-    """Raw observation -> deterministic action, as one graph.
-
-    ``forward`` is VecNormalize's formula in float64 (``clip((obs - mean) / sqrt(var + eps))``,
-    exactly what SB3 computes in numpy), cast to float32 as SB3 does, then SB3's actor path
-    (features extractor, ``mlp_extractor.policy_net``, ``action_net``: the Gaussian's mean) and
-    the clip to the action space that ``predict`` applies.
-    """
-
-    obs_mean: torch.Tensor
-    obs_std: torch.Tensor
-    action_low: torch.Tensor
-    action_high: torch.Tensor
-
-    def __init__(self, source: PolicySource) -> None:
-        super().__init__()
-        policy = source.model.policy
-        if not isinstance(policy.action_dist, DiagGaussianDistribution) or policy.squash_output:
-            raise ConfigError(
-                f"{source.origin}: export supports PPO's Gaussian MlpPolicy (no gSDE, no "
-                "squashed outputs); retrain without them"
-            )
-        self.features = policy.pi_features_extractor
-        self.actor = policy.mlp_extractor.policy_net
-        self.action_net = policy.action_net
-        self.actor_dtype = torch.float32  # float16 for the GPU variant
-        vecnorm = source.vecnormalize
-        self.normalize = vecnorm is not None and bool(vecnorm.norm_obs)
-        obs_dim = observation_dim(source)
-        mean, std, clip = np.zeros(obs_dim), np.ones(obs_dim), math.inf
-        if vecnorm is not None and self.normalize:
-            rms: Any = vecnorm.obs_rms  # one RunningMeanStd: Box observations
-            mean = np.asarray(rms.mean, dtype=np.float64)
-            std = np.sqrt(np.asarray(rms.var, dtype=np.float64) + vecnorm.epsilon)
-            clip = float(vecnorm.clip_obs)
-        self.clip_obs = clip
-        self.register_buffer("obs_mean", torch.as_tensor(mean, dtype=torch.float64))
-        self.register_buffer("obs_std", torch.as_tensor(std, dtype=torch.float64))
-        space: Any = source.model.action_space
-        self.register_buffer("action_low", torch.as_tensor(space.low, dtype=torch.float32))
-        self.register_buffer("action_high", torch.as_tensor(space.high, dtype=torch.float32))
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs
-        if self.normalize:
-            x = (obs.to(torch.float64) - self.obs_mean) / self.obs_std
-            x = torch.clamp(x, -self.clip_obs, self.clip_obs)
-        x = x.to(torch.float32).to(self.actor_dtype)
-        action = self.action_net(self.actor(self.features(x))).to(torch.float32)
-        return torch.clamp(action, self.action_low, self.action_high)
-
-
-def observation_dim(source: PolicySource) -> int:
-    """Length of the flat observation vector the graph takes."""
-    from gymnasium.spaces import flatdim
-
-    return int(flatdim(source.model.observation_space))
-
-
-
-
-def deployed_policy(source: PolicySource) -> DeployedPolicy:
-    """The exportable module of ``source`` in eval mode on the CPU."""
-    source.model.policy.set_training_mode(False)
-    return DeployedPolicy(source).eval().cpu()
-
-
-def example_input(obs_dim: int) -> torch.Tensor:
-    # Batch 2, not 1: torch.export specializes size-1 dimensions, which would pin the batch.
-    return torch.zeros(2, obs_dim, dtype=torch.float32)
-
-
-def export_torchscript(module: torch.nn.Module, path: Path, obs_dim: int) -> None:
-    """Trace ``module`` to TorchScript (field practice for small MLPs: trace, not script).
-
-    torch marks ``torch.jit`` deprecated in favour of ``torch.export``, but TorchScript is
-    still what LibTorch C++ controllers load, which is why the issue asks for it.
-    """
-    with torch.no_grad():
-        traced = torch.jit.trace(module, example_input(obs_dim))
-    traced.save(str(path))
-
-
-def export_onnx(module: torch.nn.Module, path: Path, obs_dim: int) -> int:
-    """Export ``module`` with torch's dynamo ONNX exporter (needs onnxscript); returns the opset.
-
-    The batch axis is dynamic, the weights are stored inside the file (one self-contained
-    ``policy.onnx``), and the opset is the exporter's default, i.e. current for this torch.
-    """
-    import onnx
-
-    batch = torch.export.Dim("batch")
-    with torch.no_grad(), quiet_onnx_exporter():
-        torch.onnx.export(
-            module,
-            (example_input(obs_dim),),
-            str(path),
-            input_names=[INPUT_NAME],
-            output_names=[OUTPUT_NAME],
-            dynamic_shapes={"obs": {0: batch}},
-            dynamo=True,
-            external_data=False,
-            verbose=False,
-        )
-    model = onnx.load(str(path))
-    onnx.checker.check_model(model, full_check=True)
-    return max(op.version for op in model.opset_import if op.domain in ("", "ai.onnx"))
-
-
-@contextlib.contextmanager
-def quiet_onnx_exporter() -> Iterator[None]:
-    """Silence the exporter's noise that says nothing about this graph: warnings that
-    torchvision's detection ops cannot be registered (no torchvision here) and torch-internal
-    FutureWarnings. Real export errors still raise."""
-    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = registration.level
-    registration.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            yield
-    finally:
-        registration.setLevel(level)
-
-
-def onnx_session(path: Path, threads: int = 0) -> Any:
-    """An ONNX Runtime CPU session (``threads=1`` for single-observation latency)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = threads
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
 # --------------------------------------------------------------------------- environments
-
-
 
 
 def record_observations(source: PolicySource, count: int, seed: int) -> np.ndarray:
@@ -242,8 +106,6 @@ def record_observations(source: PolicySource, count: int, seed: int) -> np.ndarr
     finally:
         env.close()
     return np.stack(rows)
-
-
 
 
 # --------------------------------------------------------------------------- the three checks
@@ -336,156 +198,6 @@ def randomization_note(cfg: WorkbenchConfig) -> str | None:
         return None
     return ("the logged evaluation ran under eval.randomization; this replay runs the nominal "
             "task (no randomization), as a deployed controller sees it")
-
-
-def latency_stats(samples_s: np.ndarray) -> dict[str, float]:
-    """p50, p99, max and mean of per-call times, in milliseconds."""
-    ms = samples_s * 1e3
-    return {
-        "p50": float(np.percentile(ms, 50)),
-        "p99": float(np.percentile(ms, 99)),
-        "max": float(np.max(ms)),
-        "mean": float(np.mean(ms)),
-    }
-
-
-def time_calls(call: Callable[[], Any], calls: int) -> np.ndarray:
-    """Wall time of each of ``calls`` calls, in seconds."""
-    samples = np.empty(calls)
-    clock = time.perf_counter
-    for i in range(calls):
-        started = clock()
-        call()
-        samples[i] = clock() - started
-    return samples
-
-
-@dataclass
-class Backend:
-    """One inference path: a fresh instance, an inference-only call and an end-to-end call.
-
-    ``load()`` returns ``(inference, end_to_end)``: ``inference`` runs on an input prepared
-    in the backend's own type; ``end_to_end`` starts from the environment's float64 numpy
-    observation and ends with a numpy action (normalization outside the graph, numpy->tensor
-    conversion, copies included).
-    """
-
-    name: str
-    load: Callable[[], tuple[Callable[[], Any], Callable[[], Any]]]
-
-
-def latency_backends(
-    source: PolicySource, torchscript_path: Path, onnx_path: Path, obs: np.ndarray
-) -> list[Backend]:
-    """SB3 eager, TorchScript and ONNX Runtime on one raw observation ``obs`` (float64)."""
-    raw = obs[None].astype(np.float64)
-
-    def sb3() -> tuple[Callable[[], Any], Callable[[], Any]]:
-        policy = copy.deepcopy(source.model.policy)  # a fresh instance for the first call
-        prepared = torch.as_tensor(source.normalize(raw))
-
-        def inference() -> Any:
-            with torch.no_grad():
-                return policy._predict(prepared, deterministic=True)
-
-        return inference, lambda: policy.predict(source.normalize(raw), deterministic=True)
-
-    def torchscript() -> tuple[Callable[[], Any], Callable[[], Any]]:
-        module = torch.jit.load(str(torchscript_path))
-        prepared = torch.from_numpy(raw.astype(np.float32))
-
-        def inference() -> Any:
-            with torch.no_grad():
-                return module(prepared)
-
-        def end_to_end() -> Any:
-            with torch.no_grad():
-                return module(torch.from_numpy(raw.astype(np.float32))).numpy()
-
-        return inference, end_to_end
-
-    def onnxruntime() -> tuple[Callable[[], Any], Callable[[], Any]]:
-        session = onnx_session(onnx_path, threads=1)
-        prepared = raw.astype(np.float32)
-        return (
-            lambda: session.run(None, {INPUT_NAME: prepared}),
-            lambda: session.run(None, {INPUT_NAME: raw.astype(np.float32)})[0][0],
-        )
-
-    return [Backend("sb3_eager", sb3), Backend("torchscript", torchscript),
-            Backend("onnxruntime", onnxruntime)]
-
-
-def measure_latency(
-    backends: Sequence[Backend], calls: int, warmup: int
-) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Per backend: first call on a fresh instance, then ``warmup`` untimed calls, then
-    ``calls`` timed inference-only and ``calls`` timed end-to-end calls.
-
-    One thread for torch and ONNX Runtime: a controller runs one observation at a time next
-    to other work, and one thread keeps the figures comparable across machines.
-    """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    results: dict[str, Any] = {}
-    samples: dict[str, np.ndarray] = {}
-    try:
-        for backend in backends:
-            inference, end_to_end = backend.load()
-            first = time_calls(end_to_end, 1)[0]
-            for _ in range(warmup):
-                end_to_end()
-            samples[f"{backend.name}/inference"] = time_calls(inference, calls)
-            samples[f"{backend.name}/end_to_end"] = time_calls(end_to_end, calls)
-            results[backend.name] = {
-                "first_call_ms": float(first * 1e3),
-                "inference_ms": latency_stats(samples[f"{backend.name}/inference"]),
-                "end_to_end_ms": latency_stats(samples[f"{backend.name}/end_to_end"]),
-            }
-    finally:
-        torch.set_num_threads(threads)
-    report = {"calls": calls, "warmup": warmup, "threads": 1, "backends": results}
-    return report, samples
-
-
-def fp16_variant(
-    module: DeployedPolicy, obs: np.ndarray, expected: np.ndarray, directory: Path,
-    calls: int, warmup: int,
-) -> dict[str, Any]:
-    """FP16 actor on the GPU (TorchScript), when CUDA is present; skipped cleanly otherwise.
-
-    Only the MLP runs in half precision: normalization stays float64 and the output float32.
-    Its parity is reported, not enforced (FP16 differs by ~1e-3); no INT8 variant, control
-    policies are sensitive to small input changes (FIELD_NOTES.md).
-    """
-    if not torch.cuda.is_available():
-        return {"skipped": "no CUDA device (FP16 runs only on a GPU)"}
-    half = copy.deepcopy(module).cuda()
-    for part in (half.features, half.actor, half.action_net):
-        part.half()
-    half.actor_dtype = torch.float16
-    path = directory / "policy_fp16_cuda.pt"
-    with torch.no_grad():
-        traced = torch.jit.trace(half, example_input(obs.shape[1]).cuda())
-    traced.save(str(path))
-    with torch.no_grad():
-        out = traced(torch.from_numpy(obs).cuda()).cpu().numpy()
-    raw = obs[:1]
-
-    def end_to_end() -> Any:
-        with torch.no_grad():  # host->device and device->host copies included (.cuda/.cpu)
-            return traced(torch.from_numpy(raw).cuda()).cpu().numpy()
-
-    first = time_calls(end_to_end, 1)[0]
-    for _ in range(warmup):
-        end_to_end()
-    return {
-        "file": path.name,
-        "device": torch.cuda.get_device_name(0),
-        "max_abs_diff_vs_fp32_reference": float(np.max(np.abs(out - expected))),
-        "first_call_ms": float(first * 1e3),
-        "end_to_end_ms": latency_stats(time_calls(end_to_end, calls)),
-    }
 
 
 # --------------------------------------------------------------------------- one export

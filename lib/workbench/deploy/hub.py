@@ -28,7 +28,7 @@ import numpy as np
 from workbench import config, console
 from workbench.config import ConfigError, WorkbenchConfig
 from workbench.config.compose import hydra_value
-from workbench.deploy import export
+from workbench.deploy import export, graph
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import set_tags
 from workbench.training.bundle import (
@@ -354,7 +354,7 @@ def verify_bundle(directory: Path) -> dict[str, Any]:
     index = check_files(directory)
     onnx_path = directory / "policy.onnx"
     onnx.checker.check_model(onnx.load(str(onnx_path)), full_check=True)
-    session = export.onnx_session(onnx_path)
+    session = graph.onnx_session(onnx_path)
     obs, expected = load_samples(directory)
     onnx_diff = float(np.max(np.abs(session.run(None, {export.INPUT_NAME: obs})[0] - expected)))
     if onnx_diff > PARITY_TOLERANCE:

@@ -38,8 +38,8 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +48,21 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from workbench import paths
+from workbench.tracking.journal import (
+    JOURNAL,
+    LOCK_FILE,
+    Journal,
+    apply,
+    encode_batch,
+    locked,
+    merge_metric_batches,
+    metric_batches,
+    stage_files,
+)
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import truncate
 
-JOURNAL = "journal.jsonl"
 STORE_FILE = "store.json"
-LOCK_FILE = "lock"
 
 # Error codes that mean "the store answered and refuses this write": retrying cannot help.
 PERMANENT_ERRORS = {
@@ -91,151 +100,7 @@ def short_error(exc: BaseException, limit: int = 200) -> str:
 # --------------------------------------------------------------------------- journal
 
 
-@dataclass
-class Journal:
-    """Append-only record of one run's writes and their acknowledgements."""
-
-    folder: Path
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def path(self) -> Path:
-        return self.folder / JOURNAL
-
-    def files(self, seq: int) -> Path:
-        """Folder holding the artifact files of write ``seq``."""
-        return self.folder / "files" / str(seq)
-
-    def append(self, record: Mapping[str, Any]) -> None:
-        """Append one JSON line and flush it to the OS (survives a kill of this process)."""
-        line = json.dumps(record, separators=(",", ":"))
-        with self.lock, self.path.open("a") as handle:
-            handle.write(line + "\n")
-
-    def pending(self) -> list[dict[str, Any]]:
-        """Journaled writes without an acknowledgement, in order (a torn last line is ignored)."""
-        if not self.path.exists():
-            return []
-        writes: dict[int, dict[str, Any]] = {}
-        for line in self.path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # the process died while writing this line: it was never queued
-            if "ack" in record:
-                writes.pop(record["ack"], None)
-            else:
-                writes[record["seq"]] = record
-        return [writes[seq] for seq in sorted(writes)]
-
-    def last_seq(self) -> int:
-        """Highest sequence number written so far (0 for a new journal)."""
-        if not self.path.exists():
-            return 0
-        seqs = [0]
-        for line in self.path.read_text().splitlines():
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                seqs.append(int(json.loads(line).get("seq", 0)))
-        return max(seqs)
-
-
-@contextlib.contextmanager
-def locked(folder: Path) -> Iterator[bool]:
-    """Hold the outbox's lock (False when another live process holds it)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    handle = (folder / LOCK_FILE).open("a")
-    try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-    finally:
-        handle.close()
-
-
 # --------------------------------------------------------------------------- applying writes
-
-
-def encode_batch(
-    metrics: Sequence[Metric], params: Sequence[Param], tags: Sequence[RunTag]
-) -> dict[str, Any]:
-    """A ``log_batch`` call as a journal record."""
-    return {
-        "op": "log_batch",
-        "metrics": [[m.key, m.value, m.timestamp, m.step] for m in metrics],
-        "params": [[p.key, p.value] for p in params],
-        "tags": [[t.key, t.value] for t in tags],
-    }
-
-
-MAX_MERGED_METRICS = 1000  # MLflow's limit per log_batch call
-
-
-def metric_batches(queue: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The head of the queue: one record, or the run of metric-only batches that starts it.
-
-    Params and tags are never merged (MLflow refuses duplicate keys within one batch); the
-    merged metrics stay within MLflow's per-call limit.
-    """
-    head = queue[0]
-    if not is_metric_only(head):
-        return [head]
-    run, count = [], 0
-    for record in queue:
-        if not is_metric_only(record) or count + len(record["metrics"]) > MAX_MERGED_METRICS:
-            break
-        run.append(record)
-        count += len(record["metrics"])
-    return run or [head]
-
-
-def is_metric_only(record: Mapping[str, Any]) -> bool:
-    """A ``log_batch`` record with metrics and nothing else."""
-    return (record.get("op") == "log_batch" and not record["params"] and not record["tags"]
-            and bool(record["metrics"]))
-
-
-def merge_metric_batches(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """One ``log_batch`` record carrying the metrics of ``records``, in order."""
-    return {"op": "log_batch", "seq": records[-1]["seq"], "params": [], "tags": [],
-            "metrics": [m for record in records for m in record["metrics"]]}
-
-
-def apply(client: MlflowClient, run_id: str, record: Mapping[str, Any], journal: Journal) -> None:
-    """Perform one journaled write against the store (raises on failure)."""
-    op = record["op"]
-    if op == "log_batch":
-        metrics = [Metric(k, float(v), int(t), int(step)) for k, v, t, step in record["metrics"]]
-        MlflowClient.log_batch(
-            client,
-            run_id,
-            metrics=metrics,
-            params=[Param(k, v) for k, v in record["params"]],
-            tags=[RunTag(k, v) for k, v in record["tags"]],
-        )
-    elif op == "set_terminated":
-        MlflowClient.set_terminated(client, run_id, record["status"], record["end_time"])
-    elif op == "log_artifacts":
-        folder = journal.files(record["seq"])
-        MlflowClient.log_artifacts(client, run_id, str(folder), record.get("artifact_path"))
-    elif op == "delete_artifacts":
-        delete_artifacts(client, run_id, record["artifact_path"])
-    else:
-        raise ValueError(f"unknown outbox operation {op!r}")
-
-
-def delete_artifacts(client: MlflowClient, run_id: str, artifact_path: str) -> None:
-    """Delete a run's artifact folder through the store's artifact repository."""
-    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
-
-    artifact_uri = MlflowClient.get_run(client, run_id).info.artifact_uri
-    repo = get_artifact_repository(artifact_uri, tracking_uri=client.tracking_uri)
-    repo.delete_artifacts(artifact_path)
 
 
 # --------------------------------------------------------------------------- the client
@@ -541,17 +406,6 @@ class DeliveryClient(MlflowClient):
                 f"{self.journal.folder} and retried",
                 file=sys.stderr, flush=True,
             )
-
-
-def stage_files(target: Path, copy_from: Path | None, text: tuple[str, str] | None) -> None:
-    """Copy an artifact file or folder (or write a text artifact) into the outbox."""
-    target.mkdir(parents=True, exist_ok=True)
-    if text is not None:
-        (target / text[0]).write_text(text[1])
-    elif copy_from is not None and copy_from.is_dir():
-        shutil.copytree(copy_from, target, dirs_exist_ok=True)
-    elif copy_from is not None:
-        shutil.copy2(copy_from, target / copy_from.name)
 
 
 # --------------------------------------------------------------------------- sync

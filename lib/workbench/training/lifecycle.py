@@ -19,6 +19,7 @@ GPU memory released and the outbox drained. The pattern is lightning-hydra-templ
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -89,7 +90,7 @@ def setup_run(cfg: WorkbenchConfig, start: Start, *, tags: Mapping[str, str] | N
     vec_choice = choose_vec_env(start.env_spec(EnvSpec.from_config(cfg)))
     threads = cfg.torch_threads or auto_torch_threads(cfg.env.num_envs, vec_choice.name)
     torch.set_num_threads(threads)
-    manifest.configure_determinism(cfg.repro.deterministic)
+    configure_determinism(cfg.repro.deterministic)
     run_tags = scrub({**run_tags_for(cfg), **cfg.tracking.tags, **(tags or {})})
     if parent_run_id:
         run_tags["mlflow.parentRunId"] = parent_run_id
@@ -100,6 +101,19 @@ def setup_run(cfg: WorkbenchConfig, start: Start, *, tags: Mapping[str, str] | N
         vec_choice=vec_choice, torch_threads=threads,
         run_name=cfg.tracking.run_name or default_run_name(cfg), tags=run_tags,
     )
+
+
+def configure_determinism(deterministic: bool) -> None:
+    """Switch torch's deterministic algorithms on or off for this process (``repro.*``).
+
+    On CUDA, cuBLAS needs a fixed workspace to be deterministic; it reads
+    ``CUBLAS_WORKSPACE_CONFIG`` when its handle is created, so this runs before the model
+    exists (https://docs.pytorch.org/docs/stable/notes/randomness.html). Called for every run
+    so a notebook that ran a deterministic run does not silently keep the setting.
+    """
+    if deterministic and torch.cuda.is_available():
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(deterministic)
 
 
 @dataclass

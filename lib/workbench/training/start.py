@@ -24,7 +24,6 @@ from workbench.envs.spec import EnvSpec
 from workbench.tracking.outbox import DeliveryClient
 from workbench.tracking.store import resolve_tracking_uri
 from workbench.training.bundle import PulledBundle, init_run_info, initialize_model, pull_for_init
-from workbench.training.checkpoint import restore
 from workbench.training.resume import (
     ResumePoint,
     discard_incomplete,
@@ -32,6 +31,7 @@ from workbench.training.resume import (
     same_backend,
 )
 from workbench.training.resume import prepare as resume_prepare
+from workbench.training.snapshot import restore
 
 
 def load_config(overrides: Sequence[str] = ()) -> WorkbenchConfig:

@@ -1,0 +1,490 @@
+"""What a report is made of: the runs with their metric histories and manifests, grouped
+into grid points (seeds of one setting), the environment facts, the diagnostics and the
+figures. :func:`build_report` assembles a :class:`Report` from a selection; rendering it is
+:mod:`workbench.review.render`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from workbench.config import ConfigError
+from workbench.review import diagnostics, figures
+from workbench.review.diagnostics import Bottleneck, Diagnostic, Series, Thresholds
+from workbench.tracking.manifest import MANIFEST_FILE, headline_tags
+from workbench.tracking.manifest_diff import comparable
+from workbench.tracking.redaction import redact_uri
+
+if TYPE_CHECKING:  # mlflow and matplotlib load on use: `workbench --help` stays fast
+    from mlflow.entities import Run
+    from mlflow.tracking import MlflowClient
+from workbench.review.selection import SWEEP_ID, SWEEP_POINT, Selection, find_runs
+
+DEFAULT_UI_URL = "http://127.0.0.1:5000"
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a report folder's name
+# Params that differ between seeds or only say where/how a run was recorded: not part of
+# what makes a grid point.
+POINT_IGNORED = ("seed", "derived.", "tracking.", "console.", "sweep.", "env.num_envs",
+                 "algo.n_steps", "env.name", "env.id")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+@dataclass
+class RunRecord:
+    """One run as the report needs it: identity, tags, params, full metric histories."""
+
+    run_id: str
+    name: str
+    experiment_id: str
+    status: str
+    start_ms: int
+    end_ms: int | None
+    tags: dict[str, str]
+    params: dict[str, str]
+    metrics: dict[str, Series]
+    manifest: dict[str, Any] | None = None
+
+    def last(self, key: str) -> float:
+        """The last logged value of ``key`` (NaN when never logged)."""
+        s = self.metrics.get(key)
+        return float(s.values[-1]) if s is not None and len(s) else math.nan
+
+    def number(self, param: str, tag: str) -> int | None:
+        """An integer param (or, failing that, tag) such as num_envs."""
+        for raw in (self.params.get(param), self.tags.get(tag)):
+            try:
+                return int(str(raw))
+            except (TypeError, ValueError):
+                continue
+        return None
+
+    @property
+    def num_envs(self) -> int | None:
+        return self.number("env.num_envs", "num_envs")
+
+    @property
+    def n_steps(self) -> int | None:
+        return self.number("algo.n_steps", "n_steps")
+
+    @property
+    def seed(self) -> int | None:
+        return self.number("seed", "seed")
+
+    @property
+    def budget(self) -> int | None:
+        """total_timesteps the run was configured for."""
+        return self.number("total_timesteps", "total_timesteps")
+
+    @property
+    def final_reward(self) -> float:
+        """Final deterministic evaluation return (``summary/``, else the last evaluation)."""
+        value = self.last("summary/eval_mean_reward")
+        return value if not math.isnan(value) else self.last("eval/mean_reward")
+
+
+def load_run(client: MlflowClient, run: Run) -> RunRecord:
+    """Metric histories (every key the run logged) and manifest of one run."""
+    metrics: dict[str, Series] = {}
+    for key in sorted(run.data.metrics):
+        history = client.get_metric_history(run.info.run_id, key)
+        metrics[key] = Series.of([m.step for m in history], [stored_value(m.value)
+                                                              for m in history],
+                                 [m.timestamp for m in history])
+    return RunRecord(
+        run_id=run.info.run_id,
+        name=run.info.run_name or run.info.run_id[:8],
+        experiment_id=run.info.experiment_id,
+        status=run.info.status,
+        start_ms=int(run.info.start_time or 0),
+        end_ms=run.info.end_time,
+        tags=dict(run.data.tags),
+        params=dict(run.data.params),
+        metrics=metrics,
+        manifest=load_manifest(client, run.info.run_id),
+    )
+
+
+def stored_value(value: float) -> float:
+    """A metric value as logged: SQL stores keep +-inf as +-float max, restored to +-inf here
+    so that the NaN/inf diagnostic sees them (mlflow SqlAlchemyStore.sanitize_metric_value)."""
+    return math.copysign(math.inf, value) if abs(value) >= sys.float_info.max else value
+
+
+@contextlib.contextmanager
+def quiet_downloads() -> Iterator[None]:
+    """No MLflow progress bar per downloaded manifest (one per run is noise in a report);
+    an explicit MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR setting is respected."""
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    if key in os.environ:
+        yield
+        return
+    os.environ[key] = "false"
+    try:
+        yield
+    finally:
+        os.environ.pop(key, None)
+
+
+def load_manifest(client: MlflowClient, run_id: str) -> dict[str, Any] | None:
+    """The run's ``manifest.json``, or None when it has none (older runs) or it is unreadable."""
+    if MANIFEST_FILE not in {a.path for a in client.list_artifacts(run_id)}:
+        return None
+    with tempfile.TemporaryDirectory() as tmp, quiet_downloads():
+        try:
+            local = client.download_artifacts(run_id, MANIFEST_FILE, tmp)
+            loaded = json.loads(Path(local).read_text())
+        except (OSError, ValueError):
+            return None
+    return loaded if isinstance(loaded, dict) else None
+
+
+# --------------------------------------------------------------------------- the report
+
+
+@dataclass
+class Point:
+    """One grid point: the runs (seeds) sharing everything but the seed."""
+
+    label: str
+    runs: list[RunRecord]
+    diverged: bool = False  # some run has NaN/inf in a metric
+
+    @property
+    def num_envs(self) -> int | None:
+        return self.runs[0].num_envs
+
+    @property
+    def n_steps(self) -> int | None:
+        return self.runs[0].n_steps
+
+    def values(self, key: str) -> np.ndarray:
+        """Finite final values of ``key`` over the point's runs."""
+        found = np.array([r.last(key) for r in self.runs], dtype=float)
+        return found[np.isfinite(found)]
+
+    @property
+    def rewards(self) -> np.ndarray:
+        found = np.array([r.final_reward for r in self.runs], dtype=float)
+        return found[np.isfinite(found)]
+
+    @property
+    def reward_mean(self) -> float:
+        return float(np.mean(self.rewards)) if len(self.rewards) else math.nan
+
+    @property
+    def reward_std(self) -> float:
+        """Standard deviation over seeds (population, ddof=0); NaN with fewer than two."""
+        return float(np.std(self.rewards)) if len(self.rewards) > 1 else math.nan
+
+    def mean(self, key: str) -> float:
+        found = self.values(key)
+        return float(np.mean(found)) if len(found) else math.nan
+
+    @property
+    def peak_rss_mb(self) -> float:
+        found = self.values("summary/peak_rss_mb")
+        return float(np.max(found)) if len(found) else math.nan
+
+    @property
+    def finished(self) -> bool:
+        return all(r.status == "FINISHED" for r in self.runs)
+
+    @property
+    def status(self) -> str:
+        counts = Counter(r.status for r in self.runs)
+        return ", ".join(f"{s}" if n == 1 and len(self.runs) == 1 else f"{n} {s}"
+                         for s, n in sorted(counts.items()))
+
+    def rank_key(self) -> tuple[bool, bool, float, float, str]:
+        """Diverged points last, then unfinished ones, then by mean reward (best first);
+        equal rewards (a solved task) by wall time, fastest first."""
+        reward, wall = self.reward_mean, self.mean("summary/wall_time_s")
+        return (self.diverged, not self.finished, -reward if not math.isnan(reward) else math.inf,
+                wall if not math.isnan(wall) else math.inf, self.label)
+
+
+@dataclass(frozen=True)
+class FigureFile:
+    """A rendered figure: file name, title, caption, PNG bytes."""
+
+    filename: str
+    title: str
+    caption: str
+    png: bytes
+
+
+@dataclass
+class EnvironmentFacts:
+    """What the runs' manifests say about their environment."""
+
+    shared: dict[str, str]  # headline facts (as run tags), when no manifest fact differs
+    differing: dict[str, dict[str, list[str]]]  # fact -> value -> run names
+    without_manifest: list[str]  # run names
+
+    @property
+    def one_environment(self) -> bool:
+        return not self.differing and bool(self.shared or not self.without_manifest)
+
+
+@dataclass
+class Report:
+    """Everything a report shows, independent of its output format."""
+
+    name: str
+    title: str
+    selection: str
+    store: str
+    created_at: str
+    ui_url: str
+    description: str
+    runs: list[RunRecord]
+    points: list[Point]  # ranked, best first
+    diagnostics: dict[str, list[Diagnostic]]  # run id -> what fired
+    bottlenecks: dict[str, Bottleneck]
+    environment: EnvironmentFacts
+    figures: list[FigureFile]
+    thresholds: Thresholds
+
+    def run_url(self, run: RunRecord) -> str:
+        """The run's page in the MLflow UI."""
+        return f"{self.ui_url.rstrip('/')}/#/experiments/{run.experiment_id}/runs/{run.run_id}"
+
+
+def group_points(runs: Sequence[RunRecord]) -> list[Point]:
+    """Runs grouped into grid points: same params except seed and bookkeeping."""
+    varying = varying_params(runs)
+    groups: dict[tuple[str, ...], list[RunRecord]] = {}
+    for run in runs:
+        key = (base_label(run), *(f"{k}={run.params.get(k, '-')}" for k in varying))
+        groups.setdefault(key, []).append(run)
+    points = []
+    for key, members in groups.items():
+        label = key[0] + ("  " + ", ".join(key[1:]) if len(key) > 1 else "")
+        points.append(Point(label=label, runs=sorted(members, key=lambda r: (r.seed or 0))))
+    return points
+
+
+def varying_params(runs: Sequence[RunRecord]) -> list[str]:
+    """Params (other than seed and bookkeeping) whose values differ between the runs."""
+    keys = sorted({k for r in runs for k in r.params if not k.startswith(POINT_IGNORED)})
+    return [k for k in keys if len({r.params.get(k) for r in runs}) > 1]
+
+
+def base_label(run: RunRecord) -> str:
+    """``<env>-ne<num_envs>-ns<n_steps>`` (the run name without its seed), else the run name."""
+    env = run.tags.get("env")
+    if env and run.num_envs is not None and run.n_steps is not None:
+        return f"{env}-ne{run.num_envs}-ns{run.n_steps}"
+    return re.sub(r"-s\d+$", "", run.tags.get(SWEEP_POINT) or run.name)
+
+
+def sweep_description(parent: Run) -> str:
+    """The parent run's description, else its grid in words (from the sweep's params)."""
+    note = parent.data.tags.get("mlflow.note.content")
+    if note:
+        return note
+    params = parent.data.params
+    grid = " × ".join(f"{key} {params[f'sweep.{key}']}" for key in ("num_envs", "n_steps", "seeds")
+                      if f"sweep.{key}" in params)
+    if not grid:
+        return ""
+    budget = params.get("sweep.total_timesteps")
+    steps = f", {budget} steps per point" if budget else ""
+    env = params.get("sweep.env") or parent.data.tags.get("env", "")
+    return (f"Sweep {parent.data.tags.get(SWEEP_ID, '')} on {env}: {grid}{steps}; parent run "
+            f"{parent.info.status}.")
+
+
+def build_report(
+    client: MlflowClient,
+    selection: Selection = Selection(),  # noqa: B008  (frozen, so a shared default is safe)
+    *,
+    store: str,
+    thresholds: Thresholds | None = None,
+    ui_url: str = DEFAULT_UI_URL,
+    name: str | None = None,
+    with_figures: bool = True,
+) -> Report:
+    """Select, load and analyse runs; render the figures (unless not wanted). Writes nothing."""
+    thresholds = thresholds or Thresholds()
+    selection, found, parent = find_runs(client, selection, store)
+    runs = [load_run(client, run) for run in found]
+    diagnosed = {r.run_id: diagnostics.diagnose(r.metrics, r.budget, thresholds) for r in runs}
+    points = group_points(runs)
+    for point in points:
+        point.diverged = any(d.check == "nonfinite" for r in point.runs
+                             for d in diagnosed[r.run_id])
+    points.sort(key=Point.rank_key)
+    name = name or selection.default_name()
+    if not NAME_PATTERN.match(name):
+        raise ConfigError(f"name={name!r}: use letters, digits, '.', '_' and '-' only")
+    description = sweep_description(parent) if parent else ""
+    return Report(
+        name=name,
+        title=f"Report: {selection.describe()}",
+        selection=selection.describe(),
+        store=redact_uri(store),
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        ui_url=ui_url,
+        description=description,
+        runs=runs,
+        points=points,
+        diagnostics=diagnosed,
+        bottlenecks={r.run_id: diagnostics.analyse_bottleneck(r.metrics, thresholds)
+                     for r in runs},
+        environment=environment_facts(runs),
+        figures=render_figures(points, thresholds) if with_figures else [],
+        thresholds=thresholds,
+    )
+
+
+def manifest_facts(manifest: Mapping[str, Any]) -> dict[str, str]:
+    """A manifest's environment facts as ``{"section.key": text}``.
+
+    The manifest module decides what counts as environment (``manifest.comparable``: no
+    timestamps, no per-invocation details; pip freeze per package); values become text.
+    """
+    return {key: fact_text(value) for key, value in comparable(manifest).items()}
+
+
+def fact_text(value: Any) -> str:
+    """A manifest value as table text (lists and mappings as compact JSON)."""
+    if value is None:
+        return "null"
+    if isinstance(value, list | dict):
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)
+
+
+def headline_facts(manifest: Mapping[str, Any]) -> dict[str, str]:
+    """The facts one filters by (versions, CUDA, GPU, kernel, host, git), as the run tags."""
+    try:
+        return headline_tags(manifest)
+    except (KeyError, TypeError, AttributeError):  # a partial manifest from an older workbench
+        return {}
+
+
+def environment_facts(runs: Sequence[RunRecord]) -> EnvironmentFacts:
+    """Facts that differ between the runs' manifests, or the shared headline facts."""
+    with_manifest = [r for r in runs if r.manifest]
+    without = [r.name for r in runs if not r.manifest]
+    per_run = {r.name: manifest_facts(r.manifest or {}) for r in with_manifest}
+    keys = sorted({k for facts in per_run.values() for k in facts})
+    differing: dict[str, dict[str, list[str]]] = {}
+    for key in keys:
+        by_value: dict[str, list[str]] = {}
+        for run_name, facts in per_run.items():
+            by_value.setdefault(facts.get(key, "(absent)"), []).append(run_name)
+        if len(by_value) > 1:
+            differing[key] = by_value
+    shared = headline_facts(with_manifest[0].manifest or {}) if with_manifest and not differing \
+        else {}
+    return EnvironmentFacts(shared=shared, differing=differing, without_manifest=without)
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def render_figures(points: Sequence[Point], thresholds: Thresholds) -> list[FigureFile]:
+    """The report's figures as PNG (points in rank order, one color each)."""
+    colors = figures.palette([p.label for p in points])
+
+    def curves(key: str) -> list[figures.Curves]:
+        return [figures.Curves(p.label, colors[p.label],
+                               [r.metrics[key] for r in p.runs if key in r.metrics])
+                for p in points]
+
+    out = [
+        FigureFile("reward_curves.png", "Reward vs environment steps",
+                   "Mean episode return per point; the band is ±1 std over seeds.",
+                   figures.png_bytes(figures.reward_figure(curves("rollout/ep_rew_mean"),
+                                                           curves("eval/mean_reward")))),
+        FigureFile("update_signals.png", "Entropy, clip fraction and approx KL",
+                   "Per-iteration PPO update statistics; dashed red: diagnostic thresholds.",
+                   figures.png_bytes(figures.signals_figure(
+                       curves("train/entropy"), curves("train/clip_fraction"),
+                       curves("train/approx_kl"), clip_max=thresholds.clip_fraction_max,
+                       kl_max=thresholds.approx_kl_max))),
+    ]
+    by_env = points_by_env(points)
+    for env, env_points in by_env.items():
+        cells = grid_cells(env_points)
+        if not cells:
+            continue
+        # Rewards of different tasks do not share a scale: one heatmap figure per task.
+        suffix = f"-{re.sub(r'[^A-Za-z0-9_.-]+', '_', env)}" if len(by_env) > 1 else ""
+        where = f" ({env})" if len(by_env) > 1 else ""
+        out.append(FigureFile(
+            f"grid_heatmaps{suffix}.png", f"Final reward, fps and wall time over the grid{where}",
+            "Mean over the runs (seeds) of each (num_envs, n_steps) cell; dashed lines join "
+            "cells with the same samples per update (num_envs × n_steps).",
+            figures.png_bytes(figures.grid_figure(cells, figures.GRID_METRICS))))
+    out.append(FigureFile(
+        "time_split.png", "Time split per iteration",
+        "Seconds per PPO iteration spent collecting rollouts vs updating the policy.",
+        figures.png_bytes(figures.time_split_figure([time_split(p) for p in points]))))
+    return out
+
+
+def points_by_env(points: Sequence[Point]) -> dict[str, list[Point]]:
+    """Points grouped by their task (the ``env`` tag, else the env.id param)."""
+    grouped: dict[str, list[Point]] = {}
+    for point in points:
+        run = point.runs[0]
+        env = run.tags.get("env") or run.params.get("env.id") or "unknown"
+        grouped.setdefault(env, []).append(point)
+    return grouped
+
+
+def grid_cells(points: Sequence[Point]) -> dict[tuple[int, int], dict[str, float]]:
+    """(num_envs, n_steps) -> mean final reward, fps and wall time over that cell's runs."""
+    by_cell: dict[tuple[int, int], list[RunRecord]] = {}
+    for point in points:
+        for run in point.runs:
+            if run.num_envs is not None and run.n_steps is not None:
+                by_cell.setdefault((run.num_envs, run.n_steps), []).append(run)
+    return {
+        cell: {
+            "reward": finite_mean(r.final_reward for r in runs),
+            "fps": finite_mean(r.last("summary/fps") for r in runs),
+            "wall": finite_mean(r.last("summary/wall_time_s") for r in runs),
+        }
+        for cell, runs in by_cell.items()
+    }
+
+
+def time_split(point: Point) -> figures.TimeSplit:
+    """Mean rollout/update/eval seconds per iteration over the point's runs."""
+    def per_iteration(key: str) -> float:
+        totals, iterations = 0.0, 0
+        for run in point.runs:
+            s = run.metrics.get(key)
+            rollout = run.metrics.get("time/rollout_s")
+            if s is not None:
+                totals += float(np.nansum(s.values))
+            iterations += len(rollout) if rollout is not None else 0
+        return totals / iterations if iterations else 0.0
+
+    return figures.TimeSplit(point.label, per_iteration("time/rollout_s"),
+                             per_iteration("time/update_s"), per_iteration("time/eval_s"))
+
+
+def finite_mean(values: Iterable[float]) -> float:
+    found = [v for v in values if math.isfinite(v)]
+    return float(np.mean(found)) if found else math.nan

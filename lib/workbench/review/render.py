@@ -1,0 +1,336 @@
+"""A :class:`workbench.review.records.Report` as pages: ``index.html`` (one self-contained
+page: figures embedded as data URIs, inline CSS, no script, nothing fetched, opens from disk)
+and ``report.md`` (for a wiki or a pull request, next to the PNG files).
+
+Both are rendered from one list of blocks (:func:`report_blocks`), so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # mlflow and matplotlib load on use: `workbench --help` stays fast
+    pass
+from workbench.review.records import EnvironmentFacts, FigureFile, Report
+
+
+@dataclass(frozen=True)
+class Link:
+    """A table cell or text that links somewhere (the MLflow UI)."""
+
+    text: str
+    url: str
+
+
+Cell = str | Link | list[Link]
+
+
+@dataclass(frozen=True)
+class Block:
+    """One piece of report content: heading, paragraph, table or figure."""
+
+    kind: str  # h1 | h2 | h3 | p | table | card (a titled small table) | figure
+    text: str = ""
+    headers: tuple[str, ...] = ()
+    rows: tuple[tuple[Cell, ...], ...] = ()
+    figure: FigureFile | None = None
+    css: str = ""  # a class for the HTML rendering (e.g. "verdict")
+
+
+def fmt(value: float, spec: str = ".1f", unit: str = "") -> str:
+    """A number for a table; NaN/None as an en dash, inf spelled out."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return f"{value:{spec}}{unit}"
+
+
+def report_blocks(report: Report) -> list[Block]:
+    """The whole report as blocks, in reading order (HTML and Markdown render these)."""
+    n_runs, n_points = len(report.runs), len(report.points)
+    blocks = [
+        Block("h1", report.title),
+        Block("p", f"{n_runs} run(s) at {n_points} point(s) · store {report.store} · "
+                   f"generated {report.created_at}"),
+    ]
+    if report.description:
+        blocks.append(Block("p", report.description))
+    blocks += ranking_blocks(report)
+    blocks += [Block("h2", "Figures")]
+    for fig in report.figures:
+        blocks += [Block("h3", fig.title), Block("figure", fig.caption, figure=fig)]
+    blocks += diagnostic_blocks(report)
+    blocks += bottleneck_blocks(report)
+    blocks += environment_blocks(report.environment)
+    blocks += run_blocks(report)
+    return blocks
+
+
+def ranking_blocks(report: Report) -> list[Block]:
+    """The ranked table of points."""
+    rows = []
+    for rank, p in enumerate(report.points, start=1):
+        seeds = len(p.runs)
+        reward = fmt(p.reward_mean, ".1f")
+        if seeds > 1 and not math.isnan(p.reward_std):
+            reward += f" ± {p.reward_std:.1f}"
+        flag = " (diverged)" if p.diverged else ""
+        rows.append((
+            str(rank), p.label + flag, str(seeds), reward, fmt(p.mean("summary/fps"), ".0f"),
+            fmt(p.mean("summary/wall_time_s"), ".1f"), fmt(p.peak_rss_mb, ".0f"), p.status,
+            [Link(f"s{r.seed}" if r.seed is not None else r.name, report.run_url(r))
+             for r in p.runs],
+        ))
+    return [
+        Block("h2", "Ranking"),
+        Block("p", "Ranked by final deterministic evaluation reward (mean over seeds, ± std "
+                   "over seeds); equal rewards by wall time, fastest first. Points with NaN/inf "
+                   "in any metric rank below all others, then points with runs that did not "
+                   "finish."),
+        Block("table", headers=("#", "point", "seeds", "final eval reward", "fps (steps/s)",
+                                "wall time (s)", "peak memory (MiB)", "status", "runs"),
+              rows=tuple(rows)),
+    ]
+
+
+def diagnostic_blocks(report: Report) -> list[Block]:
+    """One row per fired diagnostic, with numbers and remedy; silent runs listed."""
+    t = report.thresholds
+    rows = [(Link(run.name, report.run_url(run)), d.title, d.evidence, d.remedy)
+            for run in report.runs for d in report.diagnostics[run.run_id]]
+    quiet = [run.name for run in report.runs if not report.diagnostics[run.run_id]]
+    blocks = [
+        Block("h2", "Diagnostics"),
+        Block("p", f"Thresholds: clip_fraction > {t.clip_fraction_max:g} for "
+                   f"{t.clip_fraction_iterations} iterations; approx KL > {t.approx_kl_max:g} in "
+                   f"{t.approx_kl_iterations} iterations; "
+                   f"entropy (policy std) below {t.entropy_collapse_ratio:g} × its start within "
+                   f"{t.entropy_early_fraction:.0%} of the budget; reward change below "
+                   f"{t.reward_flat_min_change:.0%} after {t.reward_flat_after_fraction:.0%} "
+                   f"of the budget; iteration time × {t.iteration_time_growth:g}; NaN/inf "
+                   "anywhere. Change them with `workbench report --help` options."),
+    ]
+    if rows:
+        blocks.append(Block("table", headers=("run", "diagnostic", "numbers", "usual remedy"),
+                            rows=tuple(rows), css="diagnostics"))
+    else:
+        blocks.append(Block("p", "No diagnostic fired for any run."))
+    if rows and quiet:
+        blocks.append(Block("p", f"No diagnostic fired for: {', '.join(quiet)}."))
+    return blocks
+
+
+def bottleneck_blocks(report: Report) -> list[Block]:
+    """A small verdict table per run."""
+    blocks = [
+        Block("h2", "Where the time goes"),
+        Block("p", f"Rollout vs update time from time/rollout_s and time/update_s; CPU, GPU "
+                   f"and memory from MLflow's system metrics. A phase with ≥ "
+                   f"{report.thresholds.bound_share:.0%} of the iteration time dominates; busy "
+                   f"means CPU ≥ {report.thresholds.cpu_busy_percent:g}% or GPU ≥ "
+                   f"{report.thresholds.gpu_busy_percent:g}%."),
+    ]
+    for run in report.runs:
+        b = report.bottlenecks[run.run_id]
+        rise = b.memory_rise_mb
+        memory = (f"{b.memory_start_mb:.0f} → {b.memory_end_mb:.0f} MB ({rise:+.0f} MB)"
+                  if rise is not None and b.memory_start_mb is not None
+                  and b.memory_end_mb is not None else "too few samples")
+        rows = (
+            ("rollout / update time", f"{b.rollout_s:.2f} s / {b.update_s:.2f} s "
+                                      f"({fmt(b.rollout_share * 100, '.0f')}% rollout)"),
+            ("CPU utilization (mean)", fmt(b.cpu_percent, ".0f", "%")
+             if b.cpu_percent is not None else "not logged"),
+            ("GPU utilization (mean)", fmt(b.gpu_percent, ".0f", "%")
+             if b.gpu_percent is not None else "no GPU metrics"),
+            ("system memory, whole machine (first → last quarter)", memory),
+            ("verdict", " + ".join(b.verdicts)),
+            ("usual remedy", b.remedy),
+        )
+        blocks.append(Block("card", run.name, headers=("quantity", "value"), rows=rows,
+                            css="verdict"))
+    return blocks
+
+
+def environment_blocks(env: EnvironmentFacts) -> list[Block]:
+    """Manifest facts that differ between runs, or the one shared environment."""
+    blocks = [Block("h2", "Environment")]
+    if env.differing:
+        rows = tuple((fact, value, ", ".join(names))
+                     for fact, by_value in env.differing.items()
+                     for value, names in by_value.items())
+        blocks += [Block("p", f"{len(env.differing)} manifest fact(s) differ between the runs "
+                              "shown:"),
+                   Block("table", headers=("fact", "value", "runs"), rows=rows)]
+    elif env.shared:
+        blocks += [Block("p", "All runs share one environment."),
+                   Block("table", headers=("fact", "value"),
+                         rows=tuple(env.shared.items()))]
+    if env.without_manifest:
+        blocks.append(Block("p", "No manifest.json (recorded before manifests existed, or by "
+                                 f"an older workbench): {', '.join(env.without_manifest)}."))
+    return blocks
+
+
+def run_blocks(report: Report) -> list[Block]:
+    """Every run shown, with a link to its MLflow page."""
+    rows = tuple(
+        (Link(r.name, report.run_url(r)), r.run_id, r.status,
+         datetime.fromtimestamp(r.start_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S"),
+         fmt(r.final_reward, ".1f"), r.tags.get("mlflow.note.content", ""))
+        for r in report.runs
+    )
+    return [Block("h2", "Runs"),
+            Block("table", headers=("run", "run id", "status", "started (UTC)",
+                                    "final eval reward", "description"), rows=rows)]
+
+
+# --------------------------------------------------------------------------- HTML
+
+
+CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2rem auto;
+       max-width: 1500px; padding: 0 1.5rem; color: #1d1d1f; line-height: 1.45; }
+h1 { font-size: 2rem; margin-bottom: .2rem; }
+h2 { font-size: 1.5rem; border-bottom: 2px solid #ccc; padding-bottom: .2rem; margin-top: 2.2rem; }
+h3 { font-size: 1.15rem; margin: 1.4rem 0 .4rem; }
+table { border-collapse: collapse; margin: .5rem 0 1rem; font-size: .95rem; }
+th, td { border: 1px solid #ccc; padding: .35rem .6rem; text-align: left; vertical-align: top; }
+th { background: #f0f0f3; }
+tr:nth-child(even) td { background: #fafafa; }
+table.diagnostics td:nth-child(2) { font-weight: 600; color: #a12020; white-space: nowrap; }
+.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(440px, 1fr));
+         gap: 0 1.5rem; }
+.card table { width: 100%; }
+table.verdict td:first-child { width: 45%; color: #555; }
+figure { margin: .5rem 0 1.5rem; }
+figure img { max-width: 100%; height: auto; border: 1px solid #e3e3e3; }
+figcaption { color: #555; font-size: .95rem; margin-top: .3rem; }
+a { color: #0a5ad4; }
+"""
+
+
+def html_cell(cell: Cell) -> str:
+    if isinstance(cell, Link):
+        return f'<a href="{html.escape(cell.url)}">{html.escape(cell.text)}</a>'
+    if isinstance(cell, list):
+        return " ".join(html_cell(c) for c in cell)
+    return html.escape(cell)
+
+
+def render_html(report: Report, blocks: Sequence[Block]) -> str:
+    """One self-contained page: inline CSS, figures as data URIs, no scripts."""
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{html.escape(report.title)}</title>", f"<style>{CSS}</style>", "</head>",
+        "<body>", blocks_html(blocks), "</body>", "</html>",
+    ]) + "\n"
+
+
+def blocks_html(blocks: Sequence[Block]) -> str:
+    """HTML for blocks (also what the notebook displays)."""
+    parts: list[str] = []
+    for i, b in enumerate(blocks):
+        previous = blocks[i - 1].kind if i else ""
+        following = blocks[i + 1].kind if i + 1 < len(blocks) else ""
+        if b.kind == "card" and previous != "card":
+            parts.append('<div class="cards">')  # consecutive cards share a grid
+        if b.kind in ("h1", "h2", "h3", "p"):
+            parts.append(f"<{b.kind}>{html.escape(b.text)}</{b.kind}>")
+        elif b.kind == "table":
+            parts.append(html_table(b))
+        elif b.kind == "card":
+            parts.append(f'<section class="card"><h3>{html.escape(b.text)}</h3>'
+                         f"{html_table(b)}</section>")
+        elif b.kind == "figure" and b.figure is not None:
+            data = base64.b64encode(b.figure.png).decode("ascii")
+            parts.append(f'<figure><img src="data:image/png;base64,{data}" '
+                         f'alt="{html.escape(b.figure.title)}">'
+                         f"<figcaption>{html.escape(b.text)}</figcaption></figure>")
+        if b.kind == "card" and following != "card":
+            parts.append("</div>")
+    return "\n".join(parts)
+
+
+def html_table(b: Block) -> str:
+    css = f' class="{b.css}"' if b.css else ""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in b.headers)
+    body = "".join("<tr>" + "".join(f"<td>{html_cell(c)}</td>" for c in row) + "</tr>"
+                   for row in b.rows)
+    return f"<table{css}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+# --------------------------------------------------------------------------- Markdown
+
+
+def md_cell(cell: Cell) -> str:
+    if isinstance(cell, Link):
+        return f"[{md_escape(cell.text)}]({cell.url})"
+    if isinstance(cell, list):
+        return " ".join(md_cell(c) for c in cell)
+    return md_escape(cell)
+
+
+def md_escape(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(blocks: Sequence[Block]) -> str:
+    """The same content as Markdown; figures reference the PNG files next to it."""
+    lines: list[str] = []
+    marks = {"h1": "#", "h2": "##", "h3": "###"}
+    for b in blocks:
+        if b.kind in marks:
+            lines += [f"{marks[b.kind]} {b.text}", ""]
+        elif b.kind == "p":
+            lines += [b.text, ""]
+        elif b.kind in ("table", "card"):
+            if b.kind == "card":
+                lines += [f"### {b.text}", ""]
+            lines.append("| " + " | ".join(md_escape(h) for h in b.headers) + " |")
+            lines.append("|" + "---|" * len(b.headers))
+            lines += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in b.rows]
+            lines.append("")
+        elif b.kind == "figure" and b.figure is not None:
+            lines += [f"![{b.figure.title}]({b.figure.filename})", "", f"*{b.text}*", ""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def write_report(report: Report, out_dir: Path) -> Path:
+    """Write ``index.html``, ``report.md`` and the PNGs to ``out_dir``; returns index.html.
+
+    Written to a sibling folder first and swapped in, so an interrupted write never leaves a
+    half-updated report and figures of an earlier version never linger.
+    """
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        blocks = report_blocks(report)
+        for fig in report.figures:
+            (staging / fig.filename).write_bytes(fig.png)
+        (staging / "index.html").write_text(render_html(report, blocks), encoding="utf-8")
+        (staging / "report.md").write_text(render_markdown(blocks), encoding="utf-8")
+        staging.chmod(0o755)  # mkdtemp makes it private; a report is for the team
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir / "index.html"

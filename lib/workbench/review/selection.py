@@ -1,0 +1,192 @@
+"""Which runs a report shows: a sweep, an experiment, explicit run ids, narrowed by tags.
+
+:func:`find_runs` turns a :class:`Selection` into runs of the store (the latest sweep when
+nothing is selected); nothing matching is one :class:`ConfigError` line saying what was looked
+for and what the store has instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from workbench.config import ConfigError
+
+if TYPE_CHECKING:  # mlflow and matplotlib load on use: `workbench --help` stays fast
+    from mlflow.entities import Run
+    from mlflow.tracking import MlflowClient
+
+SWEEP_ID, SWEEP_ROLE, SWEEP_POINT = "sweep_id", "sweep.role", "sweep.point"  # sweep run tags
+
+if TYPE_CHECKING:  # mlflow and matplotlib load on use: `workbench --help` stays fast
+    from mlflow.entities import Run
+    from mlflow.tracking import MlflowClient
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which runs a report shows: one sweep, one experiment, explicit ids, and/or tags."""
+
+    sweep_id: str | None = None
+    experiment: str | None = None
+    run_ids: tuple[str, ...] = ()
+    tags: Mapping[str, str] = field(default_factory=dict)  # every tag must match
+
+    def __post_init__(self) -> None:
+        given = [k for k, v in (("--sweep", self.sweep_id), ("--experiment", self.experiment),
+                                ("--runs", self.run_ids)) if v]
+        if len(given) > 1:
+            raise ConfigError(f"{' and '.join(given)}: give only one of --sweep, --experiment, "
+                              "--runs (add --tag KEY=VALUE to narrow any of them)")
+        for key, value in [(SWEEP_ID, self.sweep_id or ""), *self.tags.items()]:
+            if "'" in key + value or "`" in key:
+                raise ConfigError(f"{key}={value!r}: quotes are not allowed in selectors")
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.sweep_id or self.experiment or self.run_ids or self.tags)
+
+    def describe(self) -> str:
+        """What was selected, in words."""
+        parts = []
+        if self.sweep_id:
+            parts.append(f"sweep {self.sweep_id}")
+        if self.experiment:
+            parts.append(f"experiment {self.experiment!r}")
+        if self.run_ids:
+            parts.append(f"{len(self.run_ids)} run id(s)")
+        parts += [f"tag {k}={v}" for k, v in self.tags.items()]
+        return ", ".join(parts) or "the latest sweep"
+
+    def default_name(self) -> str:
+        """The folder name under reports/ (``sweep-<id>``, ``experiment-<name>``, ...)."""
+        if self.sweep_id:
+            base = f"sweep-{self.sweep_id}"
+        elif self.experiment:
+            base = f"experiment-{self.experiment}"
+        elif self.run_ids:
+            digest = hashlib.sha1(",".join(sorted(self.run_ids)).encode()).hexdigest()[:8]
+            base = f"runs-{len(self.run_ids)}-{digest}"
+        else:
+            base = "tags"
+        if self.tags:
+            base += "-" + "-".join(f"{k}-{v}" for k, v in sorted(self.tags.items()))
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", base)
+
+
+def search_all(client: MlflowClient, experiment_ids: Sequence[str], filter_string: str = "",
+               order_by: Sequence[str] | None = None, limit: int | None = None) -> list[Run]:
+    """Every run matching ``filter_string`` (follows MLflow's page tokens)."""
+    runs: list[Run] = []
+    token: str | None = None
+    while True:
+        page = client.search_runs(list(experiment_ids), filter_string, max_results=1000,
+                                  order_by=list(order_by or []), page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token or (limit and len(runs) >= limit):
+            return runs[:limit] if limit else runs
+
+
+def all_experiment_ids(client: MlflowClient) -> list[str]:
+    """Ids of every active experiment in the store."""
+    return [e.experiment_id for e in client.search_experiments()]
+
+
+def tag_filter(tags: Mapping[str, str]) -> list[str]:
+    """MLflow filter clauses for exact tag matches (dotted names quoted with backticks)."""
+    return [f"tags.`{k}` = '{v}'" for k, v in tags.items()]
+
+
+def sweep_parents(client: MlflowClient, experiment_ids: Sequence[str]) -> list[Run]:
+    """Sweep parent runs, most recently active first.
+
+    Activity is the later of start and end: a sweep resumed today (its parent is set RUNNING
+    again and re-terminated) counts as today's, so ``make demo`` reports the sweep it just ran.
+    """
+    parents = search_all(client, experiment_ids, f"tags.`{SWEEP_ROLE}` = 'parent'")
+    parents = [r for r in parents if r.data.tags.get(SWEEP_ID)]
+    return sorted(parents, key=lambda r: max(r.info.start_time or 0, r.info.end_time or 0),
+                  reverse=True)
+
+
+def latest_sweep_id(client: MlflowClient, experiment_ids: Sequence[str]) -> str | None:
+    """The sweep_id of the most recently active sweep (parent run, else any sweep run)."""
+    parents = sweep_parents(client, experiment_ids)
+    if parents:
+        return parents[0].data.tags[SWEEP_ID]
+    runs = search_all(client, experiment_ids, f"tags.`{SWEEP_ID}` LIKE '%'",
+                      ["attributes.start_time DESC"], 1)
+    return runs[0].data.tags[SWEEP_ID] if runs else None
+
+
+def known_sweeps(client: MlflowClient, experiment_ids: Sequence[str], n: int = 5) -> list[str]:
+    """Up to ``n`` sweep ids, most recently active first (for error messages)."""
+    return [r.data.tags[SWEEP_ID] for r in sweep_parents(client, experiment_ids)[:n]]
+
+
+def find_runs(client: MlflowClient, selection: Selection, store: str
+              ) -> tuple[Selection, list[Run], Run | None]:
+    """The selected runs (sweep children, never sweep parents), oldest first.
+
+    Returns the selection (with the latest sweep filled in when none was given), the runs
+    and the sweep's parent run when there is one. Nothing matching is a :class:`ConfigError`
+    naming what was looked for and what exists.
+    """
+    experiment_ids = all_experiment_ids(client)
+    if selection.is_empty:
+        sweep_id = latest_sweep_id(client, experiment_ids)
+        if sweep_id is None:
+            raise ConfigError(
+                f"no sweep found in {store}: run `workbench sweep` first, or choose runs with "
+                "--experiment NAME or --runs ID,ID"
+            )
+        selection = Selection(sweep_id=sweep_id)
+    clauses = tag_filter(selection.tags)
+    parent: Run | None = None
+    if selection.experiment:
+        found = client.get_experiment_by_name(selection.experiment)
+        if found is None:
+            names = ", ".join(sorted(e.name for e in client.search_experiments()))
+            raise ConfigError(f"--experiment {selection.experiment}: no such experiment in "
+                              f"{store}; experiments: {names or 'none'}")
+        experiment_ids = [found.experiment_id]
+    if selection.sweep_id:
+        clauses.append(f"tags.`{SWEEP_ID}` = '{selection.sweep_id}'")
+    if selection.run_ids:
+        runs = [get_run(client, run_id, store) for run_id in selection.run_ids]
+        runs = [r for r in runs if all(r.data.tags.get(k) == v for k, v in selection.tags.items())]
+    else:
+        runs = search_all(client, experiment_ids, " and ".join(clauses),
+                          ["attributes.start_time ASC"])
+    parents = [r for r in runs if r.data.tags.get(SWEEP_ROLE) == "parent"]
+    parent = parents[0] if parents and selection.sweep_id else None
+    runs = [r for r in runs if r.data.tags.get(SWEEP_ROLE) != "parent"]
+    if not runs:
+        raise ConfigError(no_runs_message(client, selection, experiment_ids, store))
+    return selection, runs, parent
+
+
+def get_run(client: MlflowClient, run_id: str, store: str) -> Run:
+    """One run by id; an unknown id is a :class:`ConfigError`."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id)
+    except MlflowException as exc:
+        raise ConfigError(f"--runs {run_id}: no such run in {store}; copy run ids from "
+                          "`workbench train` output or the MLflow UI") from exc
+
+
+def no_runs_message(client: MlflowClient, selection: Selection, experiment_ids: Sequence[str],
+                    store: str) -> str:
+    """One line saying what matched nothing, and what the store has instead."""
+    if selection.sweep_id:
+        sweeps = known_sweeps(client, experiment_ids)
+        hint = f"sweeps (latest first): {', '.join(sweeps)}" if sweeps else "no sweeps there"
+        return (f"--sweep {selection.sweep_id}: no runs with tag sweep_id={selection.sweep_id} "
+                f"in {store}; {hint}")
+    return f"{selection.describe()}: no runs match in {store}"

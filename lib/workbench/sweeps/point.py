@@ -1,0 +1,402 @@
+"""One grid point: ``notebooks/train.ipynb`` executed by papermill in its own kernel.
+
+Failure isolation: a notebook error, a dead kernel or ``sweep.timeout`` marks that point
+FAILED (the error in the child run's ``error`` tag; a run left RUNNING by a dead kernel is
+closed), keeps its executed notebook with the failing cell marked, and the other points go
+on. The same :func:`execute_point` runs locally and as a Ray task
+(:func:`execute_point_remote`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from workbench import paths
+from workbench.sweeps.plan import NOTEBOOK, Point, SweepPlan
+from workbench.sweeps.store import child_filter, search_all
+from workbench.tracking.store import (
+    truncate,
+)
+
+KERNEL_START_TIMEOUT_S = 180  # a busy machine can take a while to import torch in a new kernel
+STOP_GRACE_S = 15.0  # after SIGINT, a kernel gets this long to mark its run and close its envs
+FINISHED, FAILED, KILLED, SKIPPED = "FINISHED", "FAILED", "KILLED", "SKIPPED"
+
+
+@dataclass(frozen=True)
+class PointSpec:
+    """Plain values an executor needs to run one point (picklable for Ray)."""
+
+    sweep_id: str
+    point: str
+    parent_run_id: str
+    experiment_id: str
+    tracking_uri: str
+    parameters: dict[str, Any]  # papermill parameters of notebooks/train.ipynb
+    tags: dict[str, str]  # the point's grid values, for a run recorded by the sweep itself
+    env_vars: dict[str, str]  # added to the kernel's environment
+    timeout: float | None
+
+
+@dataclass
+class PointOutcome:
+    """What became of one point."""
+
+    point: str
+    status: str  # FINISHED | FAILED | KILLED | SKIPPED (FINISHED by an earlier attempt)
+    run_id: str | None = None
+    error: str | None = None
+    final_reward: float | None = None
+    fps: float | None = None
+    wall_s: float | None = None  # the whole point: kernel start, imports, training, saving
+    train_s: float | None = None  # model.learn only (summary/wall_time_s)
+    setup_s: float | None = None  # point start -> its run created (kernel start + imports)
+    notebook: str | None = None  # where its executed notebook is kept
+    notebook_json: str | None = None  # the executed notebook, carried back from a Ray worker
+
+    @property
+    def ok(self) -> bool:
+        return self.status in (FINISHED, SKIPPED)
+
+    def record(self) -> dict[str, Any]:
+        """The outcome for ``sweep_results.json`` (without the notebook itself)."""
+        return {k: v for k, v in asdict(self).items() if k != "notebook_json"}
+
+
+def point_specs(plan: SweepPlan, points: Sequence[Point], parent_id: str, experiment_id: str,
+                cpus_per_point: int) -> list[PointSpec]:
+    """The executor's work list."""
+    specs = []
+    for point in points:
+        parameters = {
+            "env": point.env,
+            "num_envs": point.num_envs,
+            "n_steps": point.n_steps,
+            "total_timesteps": plan.total_timesteps,
+            "seed": point.seed,
+            "overrides": list(plan.point_overrides),
+            "sweep_id": plan.sweep_id,
+            "parent_run_id": parent_id,
+            "point": point.name,
+        }
+        budget = str(cpus_per_point)
+        specs.append(PointSpec(
+            sweep_id=plan.sweep_id,
+            point=point.name,
+            parent_run_id=parent_id,
+            experiment_id=experiment_id,
+            tracking_uri=plan.tracking_uri,
+            parameters=parameters,
+            tags={"env": point.env, "num_envs": str(point.num_envs),
+                  "n_steps": str(point.n_steps), "seed": str(point.seed)},
+            env_vars={
+                # Every point logs to the sweep's store, whatever the worker's own settings.
+                "MLFLOW_TRACKING_URI": plan.tracking_uri,
+                "WORKBENCH_CPU_BUDGET": budget,  # -> torch threads (workbench.envs)
+                "OMP_NUM_THREADS": budget,  # numpy/BLAS thread pools
+                "MKL_NUM_THREADS": budget,
+                "WORKBENCH_NOTEBOOK": str(plan.out_dir / f"{point.name}.ipynb"),
+            },
+            timeout=plan.timeout,
+        ))
+    return specs
+
+
+def point_environment(spec: PointSpec) -> dict[str, str]:
+    """The kernel's environment: this process's, plus the point's, minus ``MLFLOW_RUN_ID``.
+
+    MLflow's fluent API would attach to the run named by ``MLFLOW_RUN_ID``; a point must
+    create its own child run, never inherit the parent (or another point) through it.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_RUN_ID"}
+    env.update(spec.env_vars)
+    return env
+
+
+class PointKernel:
+    """The kernel of one point: started with the point's environment, stoppable from another
+    thread (a timeout watchdog, the driver on Ctrl-C) by signalling its process group."""
+
+    def __init__(self, env: Mapping[str, str], log: Path | None = None) -> None:
+        self.env = dict(env)
+        self.log = log  # the kernel process's own stdout/stderr (C-level output, crashes)
+        self.pgid: int | None = None
+        self.stop_reason: str | None = None
+        self.done = False
+        self.lock = threading.Lock()
+        self.escalation: threading.Timer | None = None
+
+    def manager_class(self) -> type:
+        """A jupyter_client kernel manager class that starts the kernel with ``self.env``.
+
+        nbclient (under papermill) creates the manager from this class; ``env`` is
+        jupyter_client's own ``start_kernel`` option for the kernel's environment.
+        """
+        from jupyter_client.manager import AsyncKernelManager
+
+        kernel = self
+
+        class PointKernelManager(AsyncKernelManager):  # type: ignore[misc]
+            async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]
+                with kernel.log_file() as log:
+                    await super().start_kernel(**{**kw, "env": kernel.env, "stdout": log,
+                                                  "stderr": log})
+                # LocalProvisioner starts the kernel in its own session: pgid covers its
+                # children too (subprocess env workers).
+                kernel.started(getattr(self.provisioner, "pgid", None))
+
+        return PointKernelManager
+
+    @contextlib.contextmanager
+    def log_file(self) -> Any:
+        """The kernel's log, open for the launch (the kernel keeps its own descriptor)."""
+        if self.log is None:
+            yield None
+            return
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as handle:
+            yield handle
+
+    def started(self, pgid: int | None) -> None:
+        """Record the kernel's process group; a stop requested meanwhile takes effect now."""
+        with self.lock:
+            self.pgid = pgid
+            stop_now = self.stop_reason is not None
+        if stop_now:
+            self.kill()
+
+    def stop(self, reason: str, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGINT the kernel (``train`` marks its run and closes its envs), SIGKILL after
+        ``grace_s`` if it is still there."""
+        with self.lock:
+            if self.stop_reason is not None or self.done:
+                return
+            self.stop_reason = reason
+        self.signal(signal.SIGINT)
+        self.escalation = threading.Timer(grace_s, self.kill)
+        self.escalation.daemon = True
+        self.escalation.start()
+
+    def kill(self) -> None:
+        """SIGKILL the kernel's whole process group (env workers included)."""
+        self.signal(signal.SIGKILL)
+
+    def signal(self, signum: int) -> None:
+        with self.lock:
+            if self.pgid is None or self.done:
+                return
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pgid, signum)
+
+    def finish(self) -> None:
+        """The execution is over: no more signals (the process group id may be reused)."""
+        if self.escalation is not None:
+            self.escalation.cancel()
+        with self.lock:
+            self.done = True
+
+
+def execute_point(spec: PointSpec, output: Path, kernel: PointKernel | None = None) -> PointOutcome:
+    """Execute ``notebooks/train.ipynb`` for one point with papermill; never raises for a
+    failing point (the outcome says FAILED), so one point cannot stop the sweep.
+
+    Idempotent: a point that already has a FINISHED child run is not run again (a retried
+    Ray task, a resumed sweep), and runs left RUNNING by a dead earlier attempt are closed.
+    """
+    started = time.time()
+    client = MlflowClient(spec.tracking_uri)
+    done = point_runs(client, spec, status=FINISHED)
+    if done:
+        return outcome_from_run(spec.point, SKIPPED, done[0], notebook=str(output))
+    close_runs(client, point_runs(client, spec, status="RUNNING"), FAILED,
+               "abandoned: the sweep process that ran this point stopped before it ended")
+    kernel = kernel or PointKernel(point_environment(spec), output.with_suffix(".log"))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    watchdog = None
+    if spec.timeout:
+        watchdog = threading.Timer(spec.timeout, kernel.stop, ("timeout",))
+        watchdog.daemon = True
+        watchdog.start()
+    error: str | None = None
+    try:
+        error = run_papermill(spec, output, kernel)
+    except KeyboardInterrupt:  # a cancelled Ray task; the local driver stops kernels itself
+        kernel.stop("interrupt", grace_s=5.0)
+        wait_for_kernel(kernel, 10.0)
+        error = "KeyboardInterrupt"
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+        kernel.finish()
+    status = KILLED if kernel.stop_reason == "interrupt" else FAILED
+    if kernel.stop_reason == "timeout":
+        error = f"timed out after {spec.timeout:g} s (sweep.timeout); the kernel was stopped"
+    elif kernel.stop_reason == "interrupt":
+        error = "interrupted: the sweep was stopped (Ctrl-C or SIGTERM)"
+    wall = time.time() - started
+    run = settle_runs(client, spec, started, error, status)
+    if error is None and run is not None and run.info.status == FINISHED:
+        return outcome_from_run(spec.point, FINISHED, run, wall_s=wall, notebook=str(output),
+                                started=started)
+    error = error or "the notebook ended without a FINISHED run"
+    return PointOutcome(spec.point, status, run_id=run.info.run_id if run else None, error=error,
+                        wall_s=wall, notebook=str(output))
+
+
+def run_papermill(spec: PointSpec, output: Path, kernel: PointKernel) -> str | None:
+    """One papermill execution; returns the error line, or None when every cell ran."""
+    import papermill
+    from jupyter_client.kernelspec import NoSuchKernel
+    from nbclient.exceptions import DeadKernelError
+    from papermill.exceptions import PapermillExecutionError
+
+    source = paths.project_root() / NOTEBOOK
+    try:
+        papermill.execute_notebook(
+            str(source), str(output), parameters=spec.parameters,
+            kernel_manager_class=kernel.manager_class(),
+            cwd=str(source.parent), progress_bar=False,
+            start_timeout=KERNEL_START_TIMEOUT_S,
+        )
+    except PapermillExecutionError as exc:  # a cell raised: papermill marked it already
+        return f"{exc.ename}: {first_line(exc.evalue)}"
+    except Exception as exc:  # the kernel died (or never started): mark the cell it was in
+        message = f"{type(exc).__name__}: {first_line(str(exc))}"
+        if isinstance(exc, NoSuchKernel):
+            message += " (register it: make setup, or python -m ipykernel install --sys-prefix "\
+                       "--name workbench)"
+        elif isinstance(exc, DeadKernelError) and kernel.stop_reason is None:
+            message += " (the kernel process died: out of memory, a crash, or a kill)"
+        mark_failing_cell(output, type(exc).__name__, message)
+        return message
+    return None
+
+
+def first_line(text: str) -> str:
+    """The first non-empty line of an error message."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def mark_failing_cell(output: Path, ename: str, message: str) -> None:
+    """Show a dead kernel in the executed notebook the way papermill shows a cell error.
+
+    papermill only marks cells that raised; when the kernel dies the cell it was running
+    looks completed. The cell that started last gets an error output, then papermill's own
+    ``raise_for_execution_errors`` adds its banner and link to the failing cell.
+    """
+    import nbformat
+    from papermill.exceptions import PapermillExecutionError
+    from papermill.execute import raise_for_execution_errors
+
+    if not output.exists():
+        return
+    nb = nbformat.read(output, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    started = [c for c in code if c.get("metadata", {}).get("papermill", {}).get("start_time")]
+    if not code:
+        return
+    cell = started[-1] if started else code[0]
+    cell.setdefault("outputs", []).append(nbformat.v4.new_output(
+        "error", ename=ename, evalue=message, traceback=[f"{ename}: {message}"]))
+    cell.metadata.setdefault("papermill", {}).update({"exception": True, "status": "failed"})
+    with contextlib.suppress(PapermillExecutionError):
+        raise_for_execution_errors(nb, str(output))
+
+
+def wait_for_kernel(kernel: PointKernel, timeout_s: float) -> None:
+    """Wait until the kernel's process group is gone (after a stop)."""
+    deadline = time.monotonic() + timeout_s
+    while kernel.pgid is not None and time.monotonic() < deadline:
+        try:
+            os.killpg(kernel.pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.2)
+    kernel.kill()
+
+
+def point_runs(client: MlflowClient, spec: PointSpec, status: str | None = None,
+               since: float | None = None) -> list[Run]:
+    """The point's child runs (newest first), optionally of one status or since a time."""
+    text = child_filter(spec.sweep_id, spec.point)
+    if status:
+        text += f" and attributes.status = '{status}'"
+    runs = search_all(client, spec.experiment_id, text)
+    if since is not None:
+        runs = [r for r in runs if r.info.start_time >= int(since * 1000) - 1000]
+    return runs
+
+
+def close_runs(client: MlflowClient, runs: Iterable[Run], status: str, error: str) -> None:
+    """Terminate runs with ``status`` and the error in their ``error`` tag."""
+    for run in runs:
+        client.set_tag(run.info.run_id, "error", truncate(error, 5000))
+        client.set_terminated(run.info.run_id, status)
+
+
+def settle_runs(client: MlflowClient, spec: PointSpec, started: float, error: str | None,
+                status: str) -> Run | None:
+    """Make the point's MLflow record truthful after its execution; returns its run.
+
+    A kernel that died left its run RUNNING; a timed-out kernel's run was marked KILLED by
+    ``train`` on the SIGINT: both become ``status`` with the error. A point that failed before
+    ``train`` created a run (a bad parameter, a config error) gets a run recording the error.
+    """
+    runs = point_runs(client, spec, since=started)
+    if error is None:
+        return runs[0] if runs else None
+    stale = [r for r in runs if r.info.status == "RUNNING"
+             or (r.info.status == KILLED and status == FAILED)]
+    close_runs(client, stale, status, error)
+    if runs:
+        return client.get_run(runs[0].info.run_id)
+    tags = {**spec.tags, "sweep_id": spec.sweep_id, "sweep.role": "child",
+            "sweep.point": spec.point, "mlflow.parentRunId": spec.parent_run_id,
+            "error": truncate(error, 5000)}
+    run = client.create_run(spec.experiment_id, run_name=spec.point, tags=tags)
+    client.set_terminated(run.info.run_id, status)
+    return client.get_run(run.info.run_id)
+
+
+def outcome_from_run(point: str, status: str, run: Run, wall_s: float | None = None,
+                     notebook: str | None = None, started: float | None = None) -> PointOutcome:
+    """An outcome with the run's summary metrics."""
+    metrics = run.data.metrics
+    if wall_s is None and run.info.end_time:
+        wall_s = (run.info.end_time - run.info.start_time) / 1000.0
+    return PointOutcome(
+        point=point,
+        status=status,
+        run_id=run.info.run_id,
+        final_reward=metrics.get("summary/eval_mean_reward"),
+        fps=metrics.get("summary/fps"),
+        wall_s=wall_s,
+        train_s=metrics.get("summary/wall_time_s"),
+        setup_s=(run.info.start_time / 1000.0 - started) if started else None,
+        notebook=notebook,
+    )
+
+
+def execute_point_remote(spec: PointSpec) -> PointOutcome:
+    """A point as a Ray task: executed into a temporary folder on the worker; the notebook
+    travels back in the outcome, and the driver keeps it under experiments/sweeps/."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="workbench-point-") as tmp:
+        output = Path(tmp) / f"{spec.point}.ipynb"
+        outcome = execute_point(spec, output)
+        if output.exists():
+            outcome.notebook_json = output.read_text()
+    return outcome

@@ -1,0 +1,91 @@
+"""The sweep's runs in the MLflow store: the store prepared once, the parent run, the points'
+child runs (tags ``sweep_id``, ``sweep.role``, ``sweep.point``) and the ones already done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from workbench.sweeps.plan import SweepPlan
+from workbench.tracking import runs
+from workbench.tracking.store import (
+    ensure_experiment,
+    is_embedded,
+    log_params,
+    make_client,
+)
+
+
+def prepare_store(uri: str, experiment: str) -> tuple[MlflowClient, str]:
+    """Create and migrate the store once, before points fan out; returns client, experiment id.
+
+    Parallel kernels then only open an up-to-date database (no schema-migration races). On
+    SQLite the database is switched to write-ahead logging, so the MLflow UI and the points
+    read while another point writes; MLflow sets a busy timeout on each session itself.
+    """
+    client = make_client(uri)
+    experiment_id = ensure_experiment(client, experiment, uri)
+    if is_embedded(uri):
+        with contextlib.closing(sqlite3.connect(uri.removeprefix("sqlite:///"))) as db:
+            db.execute("PRAGMA journal_mode=WAL")  # persistent: stored in the database file
+    return client, experiment_id
+
+
+def child_filter(sweep_id: str, point: str | None = None) -> str:
+    """MLflow search filter for the sweep's child runs (one point's, when given)."""
+    text = f"tags.sweep_id = '{sweep_id}' and tags.`sweep.role` = 'child'"
+    return text + (f" and tags.`sweep.point` = '{point}'" if point else "")
+
+
+def search_all(client: MlflowClient, experiment_id: str, filter_string: str) -> list[Run]:
+    """Every run matching ``filter_string`` (all result pages), newest first."""
+    runs: list[Run] = []
+    token: str | None = None
+    while True:
+        page = client.search_runs([experiment_id], filter_string, max_results=1000,
+                                  order_by=["attributes.start_time DESC"], page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def start_parent_run(client: MlflowClient, experiment_id: str, plan: SweepPlan) -> str:
+    """The sweep's parent run: found again on resume (set RUNNING), else created."""
+    found = search_all(client, experiment_id,
+                       f"tags.sweep_id = '{plan.sweep_id}' and tags.`sweep.role` = 'parent'")
+    if found:
+        run_id = found[0].info.run_id
+        client.update_run(run_id, status="RUNNING")
+        return run_id
+    tags = {"sweep_id": plan.sweep_id, "sweep.role": "parent", "env": plan.env}
+    run = client.create_run(experiment_id, run_name=plan.sweep_id, tags=tags)
+    log_params(client, run.info.run_id, plan.grid_params())
+    return run.info.run_id
+
+
+def reap_dead_points(plan: SweepPlan) -> list[str]:
+    """Before resuming: mark this sweep's points left RUNNING by a hard-killed attempt KILLED.
+
+    Only runs whose heartbeat is stale are touched (``workbench runs reap``), so the points of
+    the same sweep running live elsewhere (a second machine, a Ray worker) keep running.
+    """
+    reaped = runs.reap_stale_runs(plan.tracking_uri, experiment_names=[plan.experiment],
+                                  filter_string=child_filter(plan.sweep_id))
+    if reaped:
+        print(f"sweep {plan.sweep_id}: {len(reaped)} point run(s) of a killed attempt marked "
+              f"KILLED (no heartbeat): {', '.join(reaped)}", flush=True)
+    return reaped
+
+
+def finished_children(client: MlflowClient, experiment_id: str, sweep_id: str) -> dict[str, Run]:
+    """Point name -> its newest FINISHED child run."""
+    done: dict[str, Run] = {}
+    for run in search_all(client, experiment_id,
+                          child_filter(sweep_id) + " and attributes.status = 'FINISHED'"):
+        done.setdefault(run.data.tags["sweep.point"], run)
+    return done

@@ -1,0 +1,345 @@
+"""What differs between two runs' environments and configs: ``workbench manifest diff``.
+
+A manifest comes from a run id of the configured store or a ``manifest.json`` path; the
+comparison covers the environment facts (:func:`comparable`: packages, OS, hardware, CUDA,
+git, the run's recorded environment variables) and, where both sides carry one, the
+resolved config. Rendered as aligned text, JSON or Markdown (reports).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from workbench.config import ConfigError, flatten, load_config
+from workbench.tracking.redaction import (
+    redact_uri,
+)
+from workbench.tracking.store import is_embedded, resolve_tracking_uri
+
+if TYPE_CHECKING:
+    import argparse
+
+from workbench.tracking.manifest import (
+    MANIFEST_FILE,
+    RUN_KEYS_COMPARED,
+    TOP_LEVEL_KEYS,
+    collect_manifest,
+    normalize_name,
+    to_json,
+)
+
+
+class _Missing:
+    """Marks a fact one side of a diff does not have (distinct from a recorded null)."""
+
+    def __repr__(self) -> str:
+        return "-"
+
+
+MISSING: Any = _Missing()
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One fact that differs between two runs (``MISSING`` where one side lacks it)."""
+
+    section: str
+    key: str
+    a: Any
+    b: Any
+
+
+@dataclass
+class ManifestSource:
+    """A manifest to compare, with the resolved config it ran (flattened, values as text)."""
+
+    label: str
+    manifest: dict[str, Any]
+    config: dict[str, str] | None
+
+
+def comparable(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest's environment facts as ``{"section.key": value}`` for comparison.
+
+    ``created_at`` and the per-invocation run details (command, cwd, run id) are left out;
+    ``pip_freeze`` is compared per package, without repeating the headline ``packages``.
+    """
+    flat: dict[str, Any] = {}
+    for section in ("python", "packages", "os", "hardware", "cuda", "git"):
+        flat.update(_flatten(manifest.get(section, {}), f"{section}."))
+    headline = {normalize_name(p) for p in manifest.get("packages", {})}
+    for line in manifest.get("pip_freeze", []):
+        name, _, version = line.partition("==")
+        if normalize_name(name) not in headline:
+            flat[f"pip_freeze.{normalize_name(name)}"] = version
+    run = manifest.get("run", {})
+    for key in RUN_KEYS_COMPARED:
+        flat.update(_flatten({key: run.get(key)}, "run."))
+    return flat
+
+
+def _flatten(value: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(value, Mapping) and value:
+        flat: dict[str, Any] = {}
+        for k, v in value.items():
+            flat.update(_flatten(v, f"{prefix}{k}."))
+        return flat
+    if isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+        flat = {}
+        for i, v in enumerate(value):
+            flat.update(_flatten(v, f"{prefix}{i}."))
+        return flat
+    return {prefix.rstrip("."): value}
+
+
+def diff_manifests(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Difference]:
+    """Environment differences between two manifests, in schema order."""
+    return _diff_flat(comparable(a), comparable(b), section_of=lambda k: k.split(".", 1)[0])
+
+
+def diff_configs(a: Mapping[str, str], b: Mapping[str, str]) -> list[Difference]:
+    """Differences of two flattened configs by key name (``derived.*`` only when both sides
+    have them: a manifest file's sibling config.yaml has none, a run's params do)."""
+    if not (_has_derived(a) and _has_derived(b)):
+        a = {k: v for k, v in a.items() if not k.startswith("derived.")}
+        b = {k: v for k, v in b.items() if not k.startswith("derived.")}
+    return _diff_flat(dict(sorted(a.items())), dict(sorted(b.items())),
+                      section_of=lambda k: "config")
+
+
+def _has_derived(flat: Mapping[str, str]) -> bool:
+    return any(k.startswith("derived.") for k in flat)
+
+
+def _diff_flat(
+    a: dict[str, Any], b: dict[str, Any], section_of: Callable[[str], str]
+) -> list[Difference]:
+    keys = list(a) + [k for k in b if k not in a]
+    out = []
+    for key in keys:
+        va, vb = a.get(key, MISSING), b.get(key, MISSING)
+        if va != vb:
+            section = section_of(key)
+            short = key[len(section) + 1 :] if key.startswith(f"{section}.") else key
+            out.append(Difference(section, short, va, vb))
+    return out
+
+
+def diff_sources(a: ManifestSource, b: ManifestSource) -> list[Difference]:
+    """Environment and, where both sides carry one, config differences."""
+    diffs = diff_manifests(a.manifest, b.manifest)
+    if a.config is not None and b.config is not None:
+        diffs += diff_configs(a.config, b.config)
+    return diffs
+
+
+def flat_config_text(tree: Mapping[str, Any]) -> dict[str, str]:
+    """A nested config as ``{"dotted.key": str(value)}``, comparable with MLflow params."""
+    return {k: str(v) for k, v in flatten(tree).items()}
+
+
+def load_source(ref: str, store_uri: Callable[[], str]) -> ManifestSource:
+    """A manifest from a path (file, or a folder holding manifest.json) or a run id.
+
+    A file's sibling ``config.yaml`` (run artifact folders and ``model/`` have one) gives its
+    config; a run's config comes from its params. Raises ``ConfigError`` (exit 2) on a ref
+    that is neither.
+    """
+    path = Path(ref)
+    if path.is_dir():
+        path = path / MANIFEST_FILE
+    if path.is_file():
+        return _source_from_file(path)
+    if path.suffix == ".json" or os.sep in ref:
+        raise ConfigError(f"{ref}: no such manifest file; pass a run id or a manifest.json path")
+    return _source_from_run(ref, store_uri())
+
+
+def _source_from_file(path: Path) -> ManifestSource:
+    import yaml
+
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: not readable as JSON ({exc}); pass a manifest.json") from exc
+    _check_is_manifest(manifest, str(path))
+    config_file = path.with_name("config.yaml")
+    config = None
+    if config_file.is_file():
+        tree = yaml.safe_load(config_file.read_text())
+        config = flat_config_text(tree) if isinstance(tree, dict) else None
+    return ManifestSource(str(path), manifest, config)
+
+
+def _check_is_manifest(manifest: Any, label: str) -> None:
+
+    missing = [k for k in TOP_LEVEL_KEYS if not isinstance(manifest, dict) or k not in manifest]
+    if missing:
+        raise ConfigError(
+            f"{label}: not a workbench manifest (missing {', '.join(missing)}); "
+            "pass a run's manifest.json"
+        )
+
+
+def _source_from_run(run_id: str, uri: str) -> ManifestSource:
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    shown = redact_uri(uri)
+    if is_embedded(uri) and not Path(uri.removeprefix("sqlite:///")).is_file():
+        # Asking a missing SQLite store would create an empty one: refuse before touching it.
+        raise ConfigError(
+            f"{run_id}: not a file, and there is no MLflow store at {shown}; pass a "
+            "manifest.json path, or point MLFLOW_TRACKING_URI / tracking.uri at the store"
+        )
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as exc:
+        if exc.error_code == "UNAUTHENTICATED":  # a team server without a valid login
+            raise ConfigError(
+                f"tracking server {shown}: the login is missing or was refused (401); export "
+                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD of your account"
+            ) from None
+        raise ConfigError(
+            f"{run_id}: no such run in {shown} and no such file; pass a run id "
+            "(workbench train prints it) or a manifest.json path"
+        ) from exc
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            local = client.download_artifacts(run_id, MANIFEST_FILE, tmp)
+        except (MlflowException, OSError) as exc:
+            raise ConfigError(
+                f"run {run_id} has no {MANIFEST_FILE} (recorded before manifests existed?); "
+                "diff needs a manifest on both sides"
+            ) from exc
+        manifest = json.loads(Path(local).read_text())
+    _check_is_manifest(manifest, f"run {run_id}")
+    label = f"run {run_id} ({run.info.run_name})"
+    return ManifestSource(label, manifest, dict(run.data.params))
+
+
+def _cell(value: Any) -> str:
+    if value is MISSING:
+        return "-"
+    if value is None:
+        return "null"
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return lines
+
+
+def render_markdown(manifest: Mapping[str, Any]) -> str:
+    """A readable Markdown page: one table per section (pip freeze only counted)."""
+    lines = [f"# Environment manifest ({manifest['created_at']})", ""]
+    titles = {"python": "Python", "packages": "Packages", "os": "Operating system",
+              "cuda": "CUDA", "git": "Git", "run": "Run"}
+    for section in ("python", "packages", "os"):
+        lines += [f"## {titles[section]}", "", *_md_table(("key", "value"),
+                  list(manifest[section].items())), ""]
+    hardware = {k: v for k, v in manifest["hardware"].items() if k != "gpus"}
+    if hardware.get("memory_bytes"):
+        hardware["memory_bytes"] = f"{hardware['memory_bytes'] / 2**30:.1f} GiB"
+    lines += ["## Hardware", "", *_md_table(("key", "value"), list(hardware.items())), ""]
+    gpus = manifest["hardware"]["gpus"]
+    gpu_rows = [(g["index"], g["name"], f"{g['memory_bytes'] / 2**30:.1f} GiB", g["driver"],
+                 g["compute_capability"]) for g in gpus]
+    lines += ["### GPUs", ""]
+    lines += (_md_table(("#", "name", "memory", "driver", "compute capability"), gpu_rows)
+              if gpus else ["none"])
+    lines.append("")
+    for section in ("cuda", "git", "run"):
+        rows = [(k, v) for k, v in manifest[section].items()]
+        lines += [f"## {titles[section]}", "", *_md_table(("key", "value"), rows), ""]
+    lines.append(f"pip freeze: {len(manifest['pip_freeze'])} distributions (in the JSON form).")
+    return "\n".join(lines) + "\n"
+
+
+def render_diff_text(diffs: Sequence[Difference], a: str, b: str) -> str:
+    """Aligned columns for a terminal; the last line counts differences per section."""
+    head = [f"A: {a}", f"B: {b}"]
+    if not diffs:
+        return "\n".join([*head, "identical: no differences in packages, OS, hardware, CUDA, "
+                          "git or config"]) + "\n"
+    rows = [("section", "key", "A", "B")] + [
+        (d.section, d.key, _cell(d.a), _cell(d.b)) for d in diffs
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    body = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]
+    counts: dict[str, int] = {}
+    for d in diffs:
+        counts[d.section] = counts.get(d.section, 0) + 1
+    summary = ", ".join(f"{s} {n}" for s, n in counts.items())
+    return "\n".join([*head, "", *body, "", f"{len(diffs)} differences: {summary}"]) + "\n"
+
+
+def render_diff_markdown(diffs: Sequence[Difference], a: str, b: str) -> str:
+    """The differences as a Markdown table (for reports)."""
+    lines = [f"A: {_cell(a)}  ", f"B: {_cell(b)}", ""]
+    if not diffs:
+        return "\n".join([*lines, "identical"]) + "\n"
+    rows = [(d.section, d.key, d.a, d.b) for d in diffs]
+    return "\n".join([*lines, *_md_table(("section", "key", "A", "B"), rows)]) + "\n"
+
+
+def diff_to_json(diffs: Sequence[Difference], a: str, b: str) -> str:
+    """The differences as JSON (``null`` for a missing side)."""
+    def plain(v: Any) -> Any:
+        return None if v is MISSING else v
+
+    items = [{"section": d.section, "key": d.key, "a": plain(d.a), "b": plain(d.b)}
+             for d in diffs]
+    return json.dumps({"a": a, "b": b, "identical": not diffs, "differences": items},
+                      indent=2, default=str) + "\n"
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    """``workbench manifest [--format json|md]`` and ``workbench manifest diff A B``."""
+    parser.add_argument("--format", choices=("json", "md"), default="json",
+                        help="json (default) or md, a readable table")
+    sub = parser.add_subparsers(dest="manifest_command", metavar="diff")
+    diff = sub.add_parser(
+        "diff", help="what differs between two runs (exit 0 identical, 1 different)",
+        description="Compare two runs' manifests and configs. RUN is a run id in the "
+        "configured store or a path to a manifest.json (or the folder holding one). "
+        "Exit codes: 0 identical, 1 different, 2 bad id/path.",
+    )
+    diff.add_argument("run_a", metavar="RUN_A")
+    diff.add_argument("run_b", metavar="RUN_B")
+    diff.add_argument("--format", choices=("text", "json", "md"), default="text")
+    diff.add_argument("overrides", nargs="*", metavar="OVERRIDE",
+                      help="Hydra overrides selecting the store, e.g. tracking.uri=...")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """``workbench manifest``: print this machine's manifest, or diff two runs."""
+    if args.manifest_command != "diff":
+        manifest = collect_manifest()
+        print(render_markdown(manifest) if args.format == "md" else to_json(manifest), end="")
+        return 0
+
+    @functools.cache
+    def store_uri() -> str:  # resolved only when a ref is a run id, and only once
+
+        if os.environ.get("MLFLOW_TRACKING_URI") and not args.overrides:
+            return os.environ["MLFLOW_TRACKING_URI"]  # it wins anyway; skip composing
+        return resolve_tracking_uri(load_config(args.overrides).tracking.uri)
+
+    a = load_source(args.run_a, store_uri)
+    b = load_source(args.run_b, store_uri)
+    diffs = diff_sources(a, b)
+    render = {"text": render_diff_text, "json": diff_to_json, "md": render_diff_markdown}
+    print(render[args.format](diffs, a.label, b.label), end="")
+    return 1 if diffs else 0
