@@ -14,17 +14,18 @@ ARGS ?=
 # Jupyter refuses to run as root without this flag (containers, CI machines run as root).
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup demo test test-slow test-all lint typecheck ui lab bench clean help server server-stop report
+.PHONY: setup demo test test-unit test-slow test-all lint typecheck ui lab bench clean help server server-stop report
 
 help:
 	@echo "make demo       set up and run the demo sweep (2x2 grid) on the embedded MLflow store"
-	@echo "make test       set up and run the fast test suite"
+	@echo "make test       set up and run the test suite (the default tier: everything not slow)"
+	@echo "make test-unit  the unit tier: seconds, no training, subprocess, server or browser"
 	@echo "make test-slow  the slow tests (CI runs them too)"
 	@echo "make ui         MLflow UI on http://127.0.0.1:5000"
-	@echo "make report     review report of the latest sweep (ARGS='sweep=ID' for another)"
+	@echo "make report     review report of the latest sweep (ARGS='--sweep ID' for another)"
 	@echo "make lab        JupyterLab on 127.0.0.1 with the project's kernel"
 	@echo "make server     team MLflow server (PostgreSQL, basic auth) on http://127.0.0.1:5050"
-	@echo "make lint       ruff; make typecheck: mypy"
+	@echo "make lint       ruff and the import-linter layer contracts; make typecheck: mypy"
 
 setup: $(STAMP)
 
@@ -43,6 +44,9 @@ demo: setup
 test: setup
 	$(PY) -m pytest $(ARGS)
 
+test-unit: setup
+	$(PY) -m pytest -m unit $(ARGS)
+
 test-slow: setup
 	$(PY) -m pytest -m slow $(ARGS)
 
@@ -50,6 +54,7 @@ test-all: test test-slow
 
 lint: setup
 	$(PY) -m ruff check lib tests benchmarks
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: setup
 	$(PY) -m mypy

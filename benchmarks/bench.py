@@ -13,7 +13,7 @@ moves them), this summary in ``bench.json``. Absolute numbers move with machine 
 load average is printed and stored next to every table); the ratios are measured side by
 side, interleaved, and survive it.
 
-    make bench                      # full suite (hours on 2 cores: see README "Performance")
+    make bench                      # full suite (hours on 2 cores: docs/benchmarks.md)
     make bench ARGS=--quick         # smoke version, ~3.5 minutes on an idle 2-core machine
     python benchmarks/bench.py --only physics train
     python benchmarks/bench.py --device cuda    # GPU server: the update runs on the GPU
@@ -83,7 +83,8 @@ def summary_rows(parts: list[str]) -> list[list[Any]]:
         for task, values in read("time_to_reward")["summary"].items():
             for base, ratios in values["ratios"].items():
                 bounds = values["ratio_upper_bounds"][base]
-                limit = 0.25 if base == "workbench/zoo" else 1.0  # issue 8: <= 0.25 x the zoo's
+                # the target: <= 0.25 x the zoo's time (docs/benchmarks.md)
+                limit = 0.25 if base == "workbench/zoo" else 1.0
                 for threshold, ratio, bound in zip(values["thresholds"], ratios, bounds,
                                                    strict=True):
                     label = f"{task} time to {threshold:g}, {base}"
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     durations = {name: run_part(name, command)
                  for name, command in commands(args.quick, args.device).items() if name in parts}
     rows = summary_rows(parts)
-    harness.print_table("Summary: measured ratios against issue 8's targets",
+    harness.print_table("Summary: measured ratios against the targets of docs/benchmarks.md",
                         ["measure", "value", "target", "met"], rows)
     total = time.perf_counter() - started
     print(f"  total {total:.0f} s; {harness.load_line()} (at start: "

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 
 # rl-baselines3-zoo's published PPO result at 1M steps (mean +- std over its evaluation);
-# issue 8 holds the default configuration to "not below" it.
+# docs/benchmarks.md holds the default configuration to "not below" it.
 PUBLISHED = {"halfcheetah": (5819.0, 664.0), "hopper": (2410.0, 10.0)}
 
 

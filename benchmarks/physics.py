@@ -9,7 +9,7 @@ could beat. It is a ceiling, so the best of ``--reps`` measurements is kept.
 ``subproc``, ``envpool``) and ``num_envs`` in {1, 2, 4, 8, 16}; the median of ``--reps``
 measurements, interleaved (rep by rep, every backend and size) so load drift hits all alike.
 Rates come from ``workbench.envs.calibration.stepping_rate``, the same loop ``env.vec_env=auto``
-uses, over the environments ``workbench.envs.make_envs`` builds for training.
+uses, over the environments ``workbench.envs.vector.make_envs`` builds for training.
 
     python benchmarks/physics.py                # all MuJoCo tasks' C_phys; R_env on HalfCheetah
     python benchmarks/physics.py --quick        # HalfCheetah only, 1 and 16 envs

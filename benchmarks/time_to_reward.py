@@ -16,7 +16,8 @@ whose mean return reaches it (so it is resolved to one evaluation interval). A r
 it has reached every threshold, or after ``--budget-s`` training seconds or ``--max-steps``.
 
 Thresholds: quick mode uses a low one (HalfCheetah 0, reached within seconds by a learning
-configuration), the full mode HalfCheetah 1000 / 3000 / 5000 (issue 8's targets; the zoo
+configuration), the full mode HalfCheetah 1000 / 3000 / 5000 (the targets of
+docs/benchmarks.md; the zoo
 publishes 5819 +- 664 at 1M steps) and Hopper 1500 / 2000 (the zoo publishes 2410 +- 10 at 1M
 steps; 1000 is not a threshold there: standing still for the 1000 steps of an episode earns
 ~1000, a plateau PPO often sits on before it hops).

@@ -62,7 +62,7 @@ def commands_for(args: argparse.Namespace, steps: int) -> tuple[list[str], list[
                  f"env.num_envs={args.num_envs}", f"algo.n_steps={args.n_steps}",
                  f"algo.batch_size={args.batch_size}", f"total_timesteps={steps}",
                  "eval.final_episodes=0", "device=cpu",
-                 # the bare script's setting, whatever conf/ defaults to (issue 8 changed them)
+                 # the bare script's setting, whatever conf/ defaults to
                  "algo=ppo_sb3", "env.normalize=false", "env.vec_env=dummy",
                  *args.workbench_overrides]
     return bare, workbench

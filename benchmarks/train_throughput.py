@@ -4,7 +4,7 @@ For each configuration and backend, two fresh processes per repetition, interlea
 alternating order (bare first in odd repetitions, workbench first in even ones):
 
 - ``bare``: the same SB3 ``PPO`` object the workbench builds
-  (``workbench.training.trainer.build_model`` over ``workbench.envs.make_envs``:
+  (``workbench.training.model.build_model`` over ``workbench.envs.vector.make_envs``:
   SB3's ``make_vec_env`` or the EnvPool adapter, plus
   ``VecNormalize`` when configured), same torch threads, ``model.learn`` and nothing else;
 - ``workbench``: ``python -m workbench train`` with the same overrides: MLflow tracking, system
@@ -38,7 +38,7 @@ from workbench.envs.cores import auto_torch_threads
 from workbench.envs.vector import make_envs
 
 # name -> workbench overrides. "default" is conf/ as shipped; "sb3-b64" is SB3's PPO defaults
-# with 8 envs and 256-step rollouts (the reference figures of issue 8).
+# with 8 envs and 256-step rollouts (the reference figures of docs/benchmarks.md).
 CONFIGS: dict[str, list[str]] = {
     "default": ["env=halfcheetah"],
     "default-1thread": ["env=halfcheetah", "torch_threads=1"],

@@ -2,30 +2,41 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Tiny but real: HalfCheetah, 2 envs, 64-step rollouts, a few PPO iterations.
-TINY = [
-    "env=halfcheetah",
-    "env.num_envs=2",
-    "algo.n_steps=64",
-    "algo.batch_size=64",
-    "algo.n_epochs=2",
-    "total_timesteps=384",
-    "eval.every_steps=128",
-    "eval.n_episodes=1",
-    "eval.final_episodes=1",
-    "env.max_episode_steps=50",
-    "console.progress_bar=false",
-    "tracking.system_metrics_interval_s=1",
-]
+# Tiny but real: HalfCheetah, 2 envs, 64-step rollouts, 3 PPO iterations (conf/debug/tiny.yaml).
+TINY = ["env=halfcheetah", "debug=tiny"]
+
+
+@pytest.fixture(autouse=True)
+def unit_tier_stays_fast(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test marked ``unit`` fails if it trains, starts a process or opens a connection.
+
+    The unit tier (``make test-unit``) must run in seconds on a loaded machine; whatever needs
+    a training, a subprocess, a server or a browser belongs in the default or slow tier.
+    """
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def refuse(what: str):  # noqa: ANN202
+        def refused(*args: object, **kwargs: object) -> None:
+            raise AssertionError(f"a unit test must not {what}: mark it for the default tier")
+        return refused
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("start a process"))
+    monkeypatch.setattr(multiprocessing.Process, "start", refuse("start a process"))
+    monkeypatch.setattr(socket.socket, "connect", refuse("open a network connection"))
+    monkeypatch.setattr(OnPolicyAlgorithm, "learn", refuse("train"))
 
 
 @pytest.fixture()

@@ -142,6 +142,7 @@ def test_envpool_matches_gymnasium_v5(env_id: str, steps: int) -> None:
                                                                rel=1e-5)
 
 
+@pytest.mark.unit
 def test_envpool_rejects_what_it_cannot_run() -> None:
     if envpool_vec.is_installed():
         with pytest.raises(ConfigError, match="CartPole-v1 is not one of EnvPool's"):

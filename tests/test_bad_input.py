@@ -44,6 +44,7 @@ def assert_rejected(argv: list[str], expected: str, capsys: pytest.CaptureFixtur
 # --------------------------------------------------------------------------- no store at all
 
 
+@pytest.mark.unit
 def test_resume_unknown_id_without_a_store(store: Path, capsys: pytest.CaptureFixture[str]
                                            ) -> None:
     assert_rejected(["train", f"resume={UNKNOWN_ID}"],
@@ -51,6 +52,7 @@ def test_resume_unknown_id_without_a_store(store: Path, capsys: pytest.CaptureFi
     assert not store.exists(), "no store may be created"
 
 
+@pytest.mark.unit
 def test_unwritable_experiments_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     # A path below a regular file cannot be created, not even by root (CI runs as root, for
@@ -67,6 +69,7 @@ def test_unwritable_experiments_directory(tmp_path: Path, monkeypatch: pytest.Mo
     assert blocker.read_text() == ""
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("override", "expected"), [
     ("checkpoint.every_steps=-1", "checkpoint.every_steps=-1: must be >= 0"),
     ("checkpoint.keep_last=-2", "checkpoint.keep_last=-2: must be >= 0"),

@@ -29,7 +29,7 @@ def test_make_bench_quick_runs_end_to_end(tmp_path: Path) -> None:
              "WORKBENCH_CALIBRATION_CACHE": str(tmp_path / "vec_env.json")},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Summary: measured ratios against issue 8's targets" in proc.stdout
+    assert "Summary: measured ratios against the targets of docs/benchmarks.md" in proc.stdout
 
     physics = json.loads((results / "physics.json").read_text())
     assert physics["c_phys"]["HalfCheetah-v5"]["frame_skip"] == 5

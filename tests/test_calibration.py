@@ -27,6 +27,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("rates", "expected"),
     [
@@ -42,6 +43,7 @@ def test_decide_takes_the_fastest_beyond_the_margin(rates: dict[str, float],
     assert calibration.decide(rates) == expected
 
 
+@pytest.mark.unit
 def test_candidates_follow_cores_and_task() -> None:
     spec = EnvSpec("HalfCheetah-v5", num_envs=8)
     pool = ["envpool"] if envpool_vec.is_installed() else []
@@ -52,6 +54,7 @@ def test_candidates_follow_cores_and_task() -> None:
     assert calibration.candidates(EnvSpec("CartPole-v1", 8), budget=2) == ["dummy"]
 
 
+@pytest.mark.unit
 def test_auto_calibrates_once_then_uses_the_cache(cache: Path) -> None:
     spec = EnvSpec("Hopper-v5", num_envs=4, vec_env="auto")
     first = calibration.choose_vec_env(spec, budget=2)
@@ -68,6 +71,7 @@ def test_auto_calibrates_once_then_uses_the_cache(cache: Path) -> None:
     assert not other.cached and len(json.loads(cache.read_text())) == 2
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(not envpool_vec.is_installed(), reason="needs a second candidate (extra fast)")
 def test_a_calibration_on_a_busy_machine_is_used_not_cached(
     cache: Path, monkeypatch: pytest.MonkeyPatch
@@ -84,6 +88,7 @@ def test_a_calibration_on_a_busy_machine_is_used_not_cached(
     assert calibration.choose_vec_env(spec, budget=2).cached
 
 
+@pytest.mark.unit
 def test_a_broken_env_never_stops_auto(cache: Path) -> None:
     gymnasium.register("WorkbenchTest/ExplodingCalibration-v0", entry_point=ExplodingEnv)
     spec = EnvSpec("WorkbenchTest/ExplodingCalibration-v0", 2, vec_env="auto")
@@ -93,6 +98,7 @@ def test_a_broken_env_never_stops_auto(cache: Path) -> None:
     assert not cache.exists()
 
 
+@pytest.mark.unit
 def test_explicit_choice_is_not_calibrated(cache: Path) -> None:
     choice = calibration.choose_vec_env(EnvSpec("Hopper-v5", 4, vec_env="subproc"))
     assert (choice.name, choice.rates, choice.params()) == (
@@ -128,6 +134,7 @@ def test_auto_is_the_default_and_is_logged(store: Path, cache: Path) -> None:
     assert params["derived.torch_threads"] == str(threads)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("num_envs", "vec_env", "budget", "expected"),
     [

@@ -11,6 +11,7 @@ from workbench.config import ConfigError, load_config
 from .conftest import run_cli
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("group", "option"),
     [(g, o) for g in config.GROUPS for o in config.group_options(g)],
@@ -25,12 +26,14 @@ def test_every_option_composes(group: str, option: str) -> None:
         assert cfg.experiment_name == option
 
 
+@pytest.mark.unit
 def test_issue_overrides_reach_the_config() -> None:
     cfg = load_config(["env=hopper", "env.num_envs=8", "algo.n_steps=256", "seed=3"])
     assert (cfg.env.id, cfg.env.num_envs, cfg.algo.n_steps, cfg.seed) == ("Hopper-v5", 8, 256, 3)
     assert config.derive(cfg).env_seeds == [3, 4, 5, 6, 7, 8, 9, 10]
 
 
+@pytest.mark.unit
 def test_zoo_preset_values() -> None:
     cfg = load_config(["experiment=zoo_halfcheetah"])
     assert cfg.env.id == "HalfCheetah-v5"
@@ -53,6 +56,7 @@ def _flat(overrides: list[str]) -> dict[str, object]:
     return config.flatten(config.to_dict(load_config(overrides)))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("option", config.group_options("tuning"))
 def test_tuning_applies_to_its_algo_and_env_only(option: str) -> None:
     from omegaconf import OmegaConf
@@ -75,11 +79,13 @@ def test_tuning_applies_to_its_algo_and_env_only(option: str) -> None:
                                                             "~tuning"])
 
 
+@pytest.mark.unit
 def test_tuning_null_names_the_fix() -> None:
     with pytest.raises(ConfigError, match="write ~tuning"):
         load_config(["env=hopper", "tuning=null"])
 
 
+@pytest.mark.unit
 def test_derived_values_are_exact() -> None:
     cfg = load_config(["env.num_envs=8", "algo.n_steps=256", "algo.batch_size=512",
                        "total_timesteps=50000", "algo.n_epochs=10"])
@@ -90,11 +96,13 @@ def test_derived_values_are_exact() -> None:
     assert d.iterations == 25  # ceil(50000 / 2048)
 
 
+@pytest.mark.unit
 def test_flatten_is_dotted() -> None:
     flat = config.flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": {}})
     assert flat == {"a.b": 1, "a.c.d": [1, 2], "e": {}}
 
 
+@pytest.mark.unit
 def test_recompose_in_same_process() -> None:
     # A notebook re-running its compose cell must not hit "GlobalHydra is already initialized".
     assert load_config(["seed=1"]).seed == 1
@@ -131,6 +139,7 @@ def test_bad_input_one_line_exit_2_nothing_created(
     assert not store.exists(), "no MLflow store (and no run) may be created on bad input"
 
 
+@pytest.mark.unit
 def test_wrong_type_names_key_and_expected_type() -> None:
     with pytest.raises(ConfigError, match=r"env\.num_envs=abc: .*expected int"):
         load_config(["env.num_envs=abc"])
@@ -146,6 +155,7 @@ def test_bad_input_through_real_process(store: Path) -> None:
     assert not store.exists()
 
 
+@pytest.mark.unit
 def test_unknown_command_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["trian"]) == 2
     assert capsys.readouterr().err.startswith(

@@ -1,12 +1,27 @@
-"""The fast defaults compose as documented (conf/algo/ppo.yaml, README "Performance")."""
+"""The fast defaults compose as documented (conf/algo/ppo.yaml, docs/benchmarks.md), and each
+default is written once: in the schema, or in the group option that sets it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
+import yaml
+from omegaconf import OmegaConf
 from workbench import config
 from workbench.config import load_config
 
+CONF = Path(__file__).resolve().parents[1] / "conf"
+# The files that hold defaults: the root and every group option that is not a preset
+# (experiment/ and tuning/ deliberately restate published or measured values).
+DEFAULT_FILES = [CONF / "config.yaml", *(f for group in ("algo", "env", "sweep", "tracking")
+                                         for f in sorted((CONF / group).glob("*.yaml")))]
+SCHEMA_DEFAULTS = config.flatten(OmegaConf.to_container(
+    OmegaConf.structured(config.WorkbenchConfig), enum_to_str=True))
 
+
+@pytest.mark.unit
 def test_default_halfcheetah_configuration() -> None:
     cfg = load_config([])
     assert (cfg.env.id, cfg.env.num_envs, cfg.env.vec_env, cfg.env.normalize) == (
@@ -20,6 +35,7 @@ def test_default_halfcheetah_configuration() -> None:
     assert config.derive(cfg).gradient_steps_per_iteration == 10
 
 
+@pytest.mark.unit
 def test_default_hopper_configuration() -> None:
     """env=hopper adds conf/tuning/ppo_hopper.yaml: SB3's network and horizon, sampled 16 wide."""
     cfg = load_config(["env=hopper"])
@@ -34,6 +50,7 @@ def test_default_hopper_configuration() -> None:
     assert load_config(["env=hopper", "~tuning"]).algo == load_config(["env=halfcheetah"]).algo
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("overrides", "batch_size"),
     [
@@ -48,12 +65,14 @@ def test_minibatch_follows_the_rollout(overrides: list[str], batch_size: int) ->
     assert load_config(overrides).algo.batch_size == batch_size
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("env", config.group_options("env"))
 def test_every_env_composes_with_the_default_algo(env: str) -> None:
     cfg = load_config([f"env={env}"])
     assert cfg.algo.batch_size <= cfg.env.num_envs * cfg.algo.n_steps
 
 
+@pytest.mark.unit
 def test_presets_keep_sb3_defaults_where_they_say_nothing() -> None:
     zoo = load_config(["experiment=zoo_walker2d"])  # the zoo's Walker2d sets no network
     assert (zoo.algo.policy.pi, zoo.algo.policy.activation) == ([64, 64], "tanh")
@@ -62,3 +81,36 @@ def test_presets_keep_sb3_defaults_where_they_say_nothing() -> None:
     assert (ant.algo.n_steps, ant.algo.batch_size, ant.algo.gamma) == (2048, 64, 0.99)
     demo = load_config(["experiment=demo"])
     assert (demo.algo.policy.log_std_init, demo.algo.policy.ortho_init) == (0.0, True)
+
+
+def leaves(tree: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(tree, dict) and tree:
+        return {k: v for key, value in tree.items()
+                for k, v in leaves(value, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): tree}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("path", DEFAULT_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_no_yaml_file_repeats_a_schema_default(path: Path) -> None:
+    tree = yaml.safe_load(path.read_text()) or {}
+    tree.pop("defaults", None)
+    prefix = "" if path.name == "config.yaml" else f"{path.parent.name}."
+    repeated = {k: v for k, v in leaves(tree, prefix).items()
+                if k in SCHEMA_DEFAULTS and SCHEMA_DEFAULTS[k] == v}
+    assert repeated == {}, f"{path.name} restates the schema's defaults: {repeated}"
+
+
+@pytest.mark.unit
+def test_schema_algo_defaults_are_sb3s_own() -> None:
+    """algo=ppo_sb3 sets nothing: the schema carries stable-baselines3's PPO defaults."""
+    import inspect
+
+    from stable_baselines3 import PPO
+
+    sb3 = {k: p.default for k, p in inspect.signature(PPO.__init__).parameters.items()}
+    algo = load_config(["algo=ppo_sb3"]).algo
+    for key in ("n_steps", "batch_size", "n_epochs", "learning_rate", "gamma", "gae_lambda",
+                "clip_range", "ent_coef", "vf_coef", "max_grad_norm", "target_kl",
+                "normalize_advantage"):
+        assert getattr(algo, key) == sb3[key], key

@@ -137,6 +137,7 @@ def logged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, records.RunRec
     return {name: records.load_run(client, client.get_run(i)) for name, i in ids.items()}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("check", sorted(FIRING))
 def test_diagnostic_fires_with_its_numbers(logged: dict[str, records.RunRecord], check: str
                                           ) -> None:
@@ -147,6 +148,7 @@ def test_diagnostic_fires_with_its_numbers(logged: dict[str, records.RunRecord],
     assert found[0].evidence and found[0].remedy
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", sorted(SILENT))
 def test_diagnostics_silent_on_healthy_runs(logged: dict[str, records.RunRecord], name: str
                                            ) -> None:
@@ -154,6 +156,7 @@ def test_diagnostics_silent_on_healthy_runs(logged: dict[str, records.RunRecord]
     assert diagnose(run.metrics, run.budget, Thresholds()) == []
 
 
+@pytest.mark.unit
 def test_inf_survives_the_sql_store_and_fires(logged: dict[str, records.RunRecord]) -> None:
     run = logged["infinite"]
     assert run.metrics["train/value_loss"].values[11] == math.inf
@@ -162,6 +165,7 @@ def test_inf_survives_the_sql_store_and_fires(logged: dict[str, records.RunRecor
         ("nonfinite", {"metrics": 1.0, "first_step": 12000.0})]
 
 
+@pytest.mark.unit
 def test_evidence_names_the_numbers(logged: dict[str, records.RunRecord]) -> None:
     run = logged["approx_kl"]
     (found,) = diagnose(run.metrics, run.budget, Thresholds())
@@ -171,6 +175,7 @@ def test_evidence_names_the_numbers(logged: dict[str, records.RunRecord]) -> Non
                              "(steps 6000-10000), peak 0.450")
 
 
+@pytest.mark.unit
 def test_thresholds_are_configurable(logged: dict[str, records.RunRecord]) -> None:
     run = logged["approx_kl"]
     assert diagnose(run.metrics, run.budget, Thresholds(approx_kl_max=0.2)) == []
@@ -179,6 +184,7 @@ def test_thresholds_are_configurable(logged: dict[str, records.RunRecord]) -> No
     assert diagnose(logged["clip_fraction"].metrics, BUDGET, loose) == []
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("given, message", [
     ({"approx_kl": 0.1}, "threshold 'approx_kl': unknown; valid thresholds: clip_fraction_max"),
     ({"approx_kl_max": "high"}, "threshold approx_kl_max='high': expected float"),
@@ -212,6 +218,7 @@ GPU_IDLE = {"gpu_0_utilization_percentage": [5.0] * 8}
 GPU_BUSY = {"gpu_0_utilization_percentage": [95.0] * 8}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("metrics, verdict, share", [
     (timing(1.6, 0.4, **CPU_BUSY), "sampling-bound", 0.8),
     (timing(1.6, 0.4, **CPU_BUSY, **GPU_IDLE), "sampling-bound", 0.8),
@@ -231,10 +238,12 @@ def test_bottleneck_verdicts(metrics: dict[str, Series], verdict: str, share: fl
     assert not found.memory_creeping
 
 
+@pytest.mark.unit
 def test_bottleneck_without_timings_is_unknown() -> None:
     assert analyse_bottleneck({}, Thresholds()).verdict == "unknown"
 
 
+@pytest.mark.unit
 def test_memory_creeping_up_is_flagged_with_numbers() -> None:
     memory = [2000.0, 2010.0, 2300.0, 2500.0, 2700.0, 2900.0, 3000.0, 3100.0]
     found = analyse_bottleneck(timing(1.6, 0.4, **CPU_BUSY, system_memory_usage_megabytes=memory),
@@ -256,6 +265,7 @@ def test_memory_creeping_up_is_flagged_with_numbers() -> None:
     assert too_short.memory_rise_mb is None and not too_short.memory_creeping
 
 
+@pytest.mark.unit
 def test_gpu_metrics_logged_by_mlflow_are_read(tmp_path: Path) -> None:
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     run = client.create_run(client.create_experiment("gpu"))

@@ -198,6 +198,7 @@ def test_export_without_normalization(tmp_path: Path) -> None:
     assert {p.name for p in (tmp_path / "out").iterdir()} == EXPORT_FILES
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -237,6 +238,7 @@ def test_unknown_run_in_existing_store(
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "export.ipynb"
 
 
+@pytest.mark.unit
 def test_notebook_is_thin_and_stored_without_outputs() -> None:
     import nbformat
 

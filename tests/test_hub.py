@@ -269,6 +269,7 @@ def test_push_refuses_without_token_or_offline(
     assert stand_in_hub.requests == []  # nothing was sent anywhere
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -186,6 +186,7 @@ def test_sigkill_leaves_no_process_then_reap_and_resume(store: Path, tmp_path: P
     assert steps["rollout/ep_rew_mean"] == list(range(128, 1281, 128))
 
 
+@pytest.mark.unit
 def test_reap_spares_runs_with_a_recent_heartbeat(store: Path) -> None:
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     experiment = client.create_experiment("reap-test", artifact_location=(store / "a").as_uri())

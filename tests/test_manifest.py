@@ -1,6 +1,6 @@
 """Manifest tier: schema, this machine's facts, git states, secret scrubbing, diff, CLI.
 
-``assert_manifest_schema`` is the manifest contract of DESIGN.md as a reusable check: other
+``assert_manifest_schema`` is the manifest contract of docs/tracking.md as a reusable check: other
 tests (papermill sweeps, notebooks) import it from here.
 """
 
@@ -52,7 +52,7 @@ def _optional(value: Any, kind: type | tuple[type, ...]) -> bool:
 
 
 def assert_manifest_schema(d: Mapping[str, Any]) -> None:
-    """Every key DESIGN.md promises is present with its type; the manifest is plain JSON."""
+    """Every key docs/tracking.md promises is present with its type; the manifest is plain JSON."""
     assert list(d) == list(manifest.TOP_LEVEL_KEYS), list(d)
     assert json.loads(json.dumps(d)) == d
     assert datetime.fromisoformat(d["created_at"]).utcoffset() is not None
@@ -157,6 +157,7 @@ def test_no_gpu_empty_list_and_null_cuda() -> None:
     assert (tags["gpu"], tags["cuda"]) == ("none", "none")
 
 
+@pytest.mark.unit
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_listed_with_driver() -> None:
     m = manifest.collect_manifest()
@@ -261,6 +262,7 @@ def test_record_manifest_notebook_run_info_into_store(store: Path, dirty_repo: P
 # --------------------------------------------------------------------------- secrets
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("name", "secret"),
     [("HF_TOKEN", True), ("HUGGING_FACE_HUB_TOKEN", True), ("MLFLOW_TRACKING_PASSWORD", True),
@@ -272,6 +274,7 @@ def test_secret_names(name: str, secret: bool) -> None:
     assert is_secret_name(name) is secret
 
 
+@pytest.mark.unit
 def test_scrubbing_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MY_SERVICE_TOKEN", "tok_Secret_4242")
     monkeypatch.setenv("SHORT_KEY", "1")  # too short to hunt in text; still never recorded

@@ -63,6 +63,7 @@ def test_committed_notebook_is_clean_and_papermill_ready() -> None:
             assert cell.execution_count is None, cell.source[:40]
 
 
+@pytest.mark.unit
 def test_parameters_cell_declares_exactly_the_checked_parameters() -> None:
     source = parameters_cell_source()
     assert source.startswith(notebook.PARAMETERS_CELL_MARKER)
@@ -99,6 +100,7 @@ def test_injected_values_pass_and_map_to_overrides() -> None:
         "overrides": params.config_overrides()}
 
 
+@pytest.mark.unit
 def test_sweep_parameters_give_the_child_tags() -> None:
     params = check_parameters({**DEFAULTS, "sweep_id": "s-1", "parent_run_id": "p",
                                "point": "hopper-ne4-ns512-s1"}, history())
@@ -106,6 +108,7 @@ def test_sweep_parameters_give_the_child_tags() -> None:
                                  "sweep.point": "hopper-ne4-ns512-s1"}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("name", "value", "message"), [
     ("num_envs", "four",
      "notebook parameter num_envs='four': expected int, got str (papermill example: "
@@ -126,6 +129,7 @@ def test_wrong_types_fail_with_one_line(name: str, value: object, message: str) 
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.unit
 def test_unknown_injected_name_fails() -> None:
     cells = history("# Notebook parameters\nenv: str = 'x'", "# Parameters\nnum_env = 8\n")
     with pytest.raises(ParameterError, match=r"^unknown notebook parameter 'num_env': valid "
@@ -142,12 +146,14 @@ def test_only_the_latest_parameter_cells_count() -> None:
     assert check_parameters(DEFAULTS, cells).run_info("nb.ipynb")["papermill_parameters"] is None
 
 
+@pytest.mark.unit
 def test_missing_parameter_fails() -> None:
     namespace = {k: v for k, v in DEFAULTS.items() if k != "seed"}
     with pytest.raises(ParameterError, match="^notebook parameter 'seed' is missing"):
         check_parameters(namespace, history())
 
 
+@pytest.mark.unit
 def test_curve_history_dates_train_values_like_mlflow() -> None:
     history_writer = CurveHistory(["rollout/ep_rew_mean", "train/approx_kl"])
     history_writer.write({"rollout/ep_rew_mean": 1.0, "time/fps": 5}, {}, step=128)
@@ -159,6 +165,7 @@ def test_curve_history_dates_train_values_like_mlflow() -> None:
     }
 
 
+@pytest.mark.unit
 def test_render_curves_gives_a_png() -> None:
     png = notebook.render_curves({"train/entropy": [(1, 0.5), (2, 0.4)]}, total=4)
     assert png.startswith(b"\x89PNG")

@@ -326,6 +326,7 @@ def test_training_and_evaluation_envs_get_their_own_settings() -> None:
         eval_env.close()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("override", "message"),
     [
@@ -342,6 +343,7 @@ def test_bad_randomization_is_a_config_error(override: str, message: str) -> Non
         load_config([override])
 
 
+@pytest.mark.unit
 def test_physics_randomization_needs_a_mujoco_task() -> None:
     with pytest.raises(ConfigError, match="needs a MuJoCo task"):
         load_config(["env.id=CartPole-v1", "env.randomization.friction=[0.9,1.1]"])

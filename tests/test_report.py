@@ -189,6 +189,7 @@ def test_selection_by_run_ids_keeps_their_order(synthetic: dict[str, object]) ->
     assert picked(synthetic, Selection(run_ids=ids))[1] == ["plain", "old_a"]
 
 
+@pytest.mark.unit
 def test_selector_flags_and_config_overrides() -> None:
     argv = ["report", "--runs", "a,b", "--tag", "seed=0", "tracking.uri=sqlite:///x.db"]
     args, _ = parse(argv)
@@ -357,6 +358,7 @@ def test_bad_input_exits_2_in_one_line(synthetic: dict[str, object], tmp_path: P
     assert not (tmp_path / "reports").exists()
 
 
+@pytest.mark.unit
 def test_missing_store_is_bad_input_and_creates_nothing(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture[str]

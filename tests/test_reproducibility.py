@@ -2,7 +2,7 @@
 
 Real MuJoCo, real SB3 PPO, a real (temporary) MLflow store. Compared: every logged key at
 every step, exactly, except the keys derived from the wall clock or the machine's load,
-listed in WALL_CLOCK_* (README "Manifest and reproducibility" lists the same).
+listed in WALL_CLOCK_* (docs/tracking.md lists the same).
 """
 
 from __future__ import annotations

@@ -63,6 +63,7 @@ def test_render_rgb_array() -> None:
     env.close()
 
 
+@pytest.mark.unit
 def test_human_render_without_display_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DISPLAY", raising=False)
     with pytest.raises(RenderingUnavailable, match="needs a display"):
@@ -92,6 +93,7 @@ def test_observation_layout() -> None:
 # --------------------------------------------------------------------------- reward
 
 
+@pytest.mark.unit
 def test_reward_components_sum_exactly_to_the_reward() -> None:
     env = make()
     env.reset(seed=1)
@@ -115,6 +117,7 @@ def test_reward_components_sum_exactly_to_the_reward() -> None:
 STAND_ACTION = np.array([0, -0.25, 0, -0.5] * 2, dtype=np.float32)
 
 
+@pytest.mark.unit
 def test_forward_term_telescopes_to_net_distance() -> None:
     # Signed progress: its episode sum is (distance covered) / dt, so jitter earns nothing.
     env = make(reward_weights={"forward": 1.0}, max_speed=1e9)
@@ -131,6 +134,7 @@ def test_forward_term_telescopes_to_net_distance() -> None:
     assert total * duck.dt == pytest.approx(info["x_position"] - start, rel=1e-9, abs=1e-12)
 
 
+@pytest.mark.unit
 def test_forward_term_is_capped_at_max_speed() -> None:
     env = make(reward_weights={"forward": 3.0}, max_speed=0.05)
     env.reset(seed=4)
@@ -146,6 +150,7 @@ def test_forward_term_is_capped_at_max_speed() -> None:
     assert max(np.abs(velocities)) > 0.05  # the cap was exercised
 
 
+@pytest.mark.unit
 def test_weights_come_from_kwargs() -> None:
     env = make(reward_weights={"alive": 2.0, "upright": 0.0, "forward": 0.0, "energy": 0.0,
                                "action_rate": 0.0})
@@ -157,6 +162,7 @@ def test_weights_come_from_kwargs() -> None:
     assert reward == 2.0
 
 
+@pytest.mark.unit
 def test_unknown_weight_is_rejected() -> None:
     with pytest.raises(ValueError, match="reward_weights.fowrard: unknown reward component"):
         make(reward_weights={"fowrard": 1.0})
@@ -172,6 +178,7 @@ def test_cli_rejects_bad_weight_before_anything_runs(store: Path) -> None:
     assert not store.exists()  # nothing written to the store
 
 
+@pytest.mark.unit
 def test_config_weights_match_the_env_defaults() -> None:
     cfg = load_config(["env=duck"])
     assert cfg.env.id == MINI_DUCK_ID
@@ -181,6 +188,7 @@ def test_config_weights_match_the_env_defaults() -> None:
 # --------------------------------------------------------------------------- endings
 
 
+@pytest.mark.unit
 def test_fall_terminates_without_alive_bonus() -> None:
     env = make()
     env.reset(seed=0)
@@ -195,6 +203,7 @@ def test_fall_terminates_without_alive_bonus() -> None:
     assert info["upright"] < 0.5 or env.unwrapped.data.qpos[2] < 0.12
 
 
+@pytest.mark.unit
 def test_time_limit_truncates() -> None:
     env = make(max_episode_steps=40)
     env.reset(seed=0)
@@ -207,6 +216,7 @@ def test_time_limit_truncates() -> None:
     assert truncations == [False] * 39 + [True]
 
 
+@pytest.mark.unit
 def test_goal_gives_success_bonus_and_ends_the_episode() -> None:
     env = make(goal_distance=0.5)
     env.reset(seed=0)

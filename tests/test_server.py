@@ -26,12 +26,14 @@ from tests.conftest import TINY
 from tests.teamserver import ALICE, TeamServer, free_port, logged_in
 
 
+@pytest.mark.unit
 def test_tracking_server_option_points_at_the_default_port() -> None:
     cfg = load_config(["tracking=server"])
     assert cfg.tracking.uri == f"http://127.0.0.1:{server.DEFAULT_PORT}"
     assert cfg.tracking.experiment == "workbench"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("password", "message"),
     [
@@ -55,6 +57,7 @@ def test_start_without_a_usable_admin_password_is_bad_input(
     assert not (tmp_path / "experiments").exists()  # nothing created, nothing started
 
 
+@pytest.mark.unit
 def test_start_on_a_busy_port_is_bad_input(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -71,6 +74,7 @@ def test_start_on_a_busy_port_is_bad_input(
     assert not (tmp_path / "experiments").exists()
 
 
+@pytest.mark.unit
 def test_status_and_stop_when_nothing_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -81,6 +85,7 @@ def test_status_and_stop_when_nothing_runs(
     assert capsys.readouterr().out == "not running\n"
 
 
+@pytest.mark.unit
 def test_a_recycled_pid_in_server_json_is_never_signalled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

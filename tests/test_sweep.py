@@ -41,6 +41,7 @@ def runs_of(role: str) -> list[Run]:
 # --------------------------------------------------------------------------- grid and plan
 
 
+@pytest.mark.unit
 def test_grid_is_the_product_in_order_without_duplicates() -> None:
     grid = SweepConfig(num_envs=[1, 2], n_steps=[128, 256, 128], seeds=[0, 1])
     names = [p.name for p in expand_grid(grid, "hopper")]
@@ -51,6 +52,7 @@ def test_grid_is_the_product_in_order_without_duplicates() -> None:
     ]
 
 
+@pytest.mark.unit
 def test_iso_batch_keeps_samples_per_update_constant() -> None:
     grid = SweepConfig(num_envs=[1, 2, 4, 8], n_steps=[999], seeds=[0], iso_batch=2048)
     points = expand_grid(grid, "ant")
@@ -61,11 +63,13 @@ def test_iso_batch_keeps_samples_per_update_constant() -> None:
         expand_grid(SweepConfig(num_envs=[3], iso_batch=2048), "ant")
 
 
+@pytest.mark.unit
 def test_point_name_is_the_run_name_train_gives() -> None:
     cfg = load_config(["env=walker2d", "env.num_envs=8", "algo.n_steps=256", "seed=3"])
     assert point_name("walker2d", 8, 256, 3) == default_run_name(cfg)
 
 
+@pytest.mark.unit
 def test_plan_id_is_stable_and_follows_points_and_overrides() -> None:
     base = ["sweep.num_envs=[1,2]", "sweep.n_steps=[64]", *POINT_TINY]
     plan = plan_sweep(base)
@@ -77,6 +81,7 @@ def test_plan_id_is_stable_and_follows_points_and_overrides() -> None:
     assert plan.grid_params()["sweep.num_envs"] == [1, 2]
 
 
+@pytest.mark.unit
 def test_grid_keys_cannot_be_overridden_for_the_whole_sweep() -> None:
     with pytest.raises(ConfigError) as info:
         plan_sweep(["env.num_envs=4"])
@@ -87,6 +92,7 @@ def test_grid_keys_cannot_be_overridden_for_the_whole_sweep() -> None:
         plan_sweep(["sweep.overrides=['seed=3']"])
 
 
+@pytest.mark.unit
 def test_plan_reports_invalid_points_and_refuses_an_all_invalid_grid() -> None:
     plan = plan_sweep(["sweep.num_envs=[1,2]", "sweep.n_steps=[64]", *POINT_TINY,
                              "algo.batch_size=128"])
@@ -96,6 +102,7 @@ def test_plan_reports_invalid_points_and_refuses_an_all_invalid_grid() -> None:
         plan_sweep(["sweep.num_envs=[1]", "sweep.n_steps=[64]", "algo.batch_size=128"])
 
 
+@pytest.mark.unit
 def test_workers_never_oversubscribe_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORKBENCH_CPU_BUDGET", "2")
     four = LocalExecutor(workers=4)
@@ -105,6 +112,7 @@ def test_workers_never_oversubscribe_the_cores(monkeypatch: pytest.MonkeyPatch) 
     assert (two.workers, two.cpus_per_point) == (2, 4)
 
 
+@pytest.mark.unit
 def test_point_environment_sets_the_budget_and_drops_mlflow_run_id(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_RUN_ID", "the-parent")
@@ -117,6 +125,7 @@ def test_point_environment_sets_the_budget_and_drops_mlflow_run_id(
     assert spec.parameters["point"] == "halfcheetah-ne2-ns64-s0"
 
 
+@pytest.mark.unit
 def test_results_table() -> None:
     table = sweep.results_table([
         PointOutcome("hopper-ne1-ns64-s0", "FINISHED", final_reward=12.345, fps=321.4,

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import TRUNCATION_MARK, resolve_tracking_uri, truncate
 from workbench.tracking.writer import MlflowWriter
@@ -22,6 +23,7 @@ class RecordingClient:
         self.batches.append([(m.key, m.value, m.step) for m in metrics])
 
 
+@pytest.mark.unit
 def test_writer_redates_late_train_keys_to_their_iteration() -> None:
     client = RecordingClient()
     writer = MlflowWriter(client, "run")  # type: ignore[arg-type]
@@ -41,6 +43,7 @@ def test_writer_redates_late_train_keys_to_their_iteration() -> None:
     assert writer.calls == 3  # one batched call per dump
 
 
+@pytest.mark.unit
 def test_writer_skips_non_numeric_values() -> None:
     client = RecordingClient()
     writer = MlflowWriter(client, "run")  # type: ignore[arg-type]
@@ -48,18 +51,21 @@ def test_writer_skips_non_numeric_values() -> None:
     assert client.batches == [[("c", 3.0, 1)]]
 
 
+@pytest.mark.unit
 def test_truncate_marks_cut_values() -> None:
     assert truncate("abc", 10) == "abc"
     cut = truncate("x" * 50, 20)
     assert len(cut) == 20 and cut.endswith(TRUNCATION_MARK)
 
 
+@pytest.mark.unit
 def test_redact_uri_hides_password() -> None:
     assert (redact_uri("postgresql://bob:s3cret@db:5432/mlflow")
             == "postgresql://bob:***@db:5432/mlflow")
     assert redact_uri("sqlite:///x/mlflow.db") == "sqlite:///x/mlflow.db"
 
 
+@pytest.mark.unit
 def test_env_uri_wins(monkeypatch) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///a.db")
     assert resolve_tracking_uri("sqlite:///b.db") == "sqlite:///a.db"

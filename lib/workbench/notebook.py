@@ -1,6 +1,6 @@
 """What ``notebooks/train.ipynb`` calls: parameter checks, live learning curves, the summary.
 
-The notebook stays thin (STYLE.md: thin notebooks): its first cell holds plain parameter
+The notebook stays thin: its first cell holds plain parameter
 values that papermill can override, and every other cell is one call into this module or
 into ``workbench.config`` / ``workbench.training.trainer``.
 
@@ -51,7 +51,7 @@ PARAMETERS_CELL_MARKER = "# Notebook parameters"
 INJECTED_CELL_MARKER = "# Parameters"
 DEFAULT_NOTEBOOK = "notebooks/train.ipynb"
 
-# (logger key, panel title) of the live curves; field notes: watch these four.
+# (logger key, panel title) of the live curves: the four signals to watch while PPO trains.
 CURVES: tuple[tuple[str, str], ...] = (
     ("rollout/ep_rew_mean", "episode reward (mean)"),
     ("train/entropy", "policy entropy"),

@@ -1,6 +1,6 @@
 """Fixed locations of the project: config, the embedded MLflow store, run outputs.
 
-Field practice: keep data, code and outputs in fixed places and never move them mid-training.
+Keep data, code and outputs in fixed places and never move them mid-training.
 Everything is resolved to absolute paths from the project root so a notebook executed by
 papermill from any working directory writes to the same store as the CLI.
 """

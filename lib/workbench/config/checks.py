@@ -8,22 +8,14 @@ the simulator (env ids, env kwargs, randomization, EnvPool support) are
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from workbench.config.errors import ConfigError
-from workbench.config.schema import (
-    ACTIVATION_CHOICES,
-    DEVICE_CHOICES,
-    LR_SCHEDULE_CHOICES,
-    VEC_ENV_CHOICES,
-    InitConfig,
-    WorkbenchConfig,
-    schema_type,
-)
+from workbench.config.schema import InitConfig, WorkbenchConfig, choices, schema_type
 
 
 def validate(cfg: DictConfig | Mapping[str, Any] | WorkbenchConfig) -> WorkbenchConfig:
@@ -44,11 +36,6 @@ def validate(cfg: DictConfig | Mapping[str, Any] | WorkbenchConfig) -> Workbench
 
 def check_values(cfg: WorkbenchConfig) -> None:
     """Cross-field and range checks a schema cannot express; raises :class:`ConfigError`."""
-    _check_choice("env.vec_env", cfg.env.vec_env, VEC_ENV_CHOICES)
-    _check_choice("device", cfg.device, DEVICE_CHOICES)
-    _check_choice("algo.policy.activation", cfg.algo.policy.activation, ACTIVATION_CHOICES)
-    _check_choice("algo.lr_schedule", cfg.algo.lr_schedule, LR_SCHEDULE_CHOICES)
-    _check_choice("sweep.executor", cfg.sweep.executor, ("local", "ray"))
     _check_min("env.num_envs", cfg.env.num_envs, 1)
     _check_min("algo.n_steps", cfg.algo.n_steps, 2)
     _check_min("algo.batch_size", cfg.algo.batch_size, 2)
@@ -95,25 +82,24 @@ def check_init(init: InitConfig) -> None:
         )
 
 
-def _check_choice(key: str, value: str, choices: Iterable[str]) -> None:
-    choices = tuple(choices)
-    if value not in choices:
-        raise ConfigError(
-            f"{key}={value!r}: not a valid choice; choose one of {', '.join(choices)}"
-        )
-
-
 def _check_min(key: str, value: int, minimum: int) -> None:
     if value < minimum:
         raise ConfigError(f"{key}={value}: must be >= {minimum}")
 
 
 def describe_omegaconf_error(exc: OmegaConfBaseException) -> str:
-    """One line from an OmegaConf validation error: key, problem, expected type."""
+    """One line from an OmegaConf validation error: key, problem, expected type or choices.
+
+    Built from the exception's fields (``full_key``, ``value``, ``msg``) and the schema, so
+    it does not depend on how OmegaConf words its messages.
+    """
     key = getattr(exc, "full_key", None) or "config"
+    value = getattr(exc, "value", None)
+    valid = choices(key)
+    if valid is not None and value is not None:
+        return f"{key}={value!r}: not a valid choice; choose one of {', '.join(valid)}"
     msg = getattr(exc, "msg", None) or str(exc)
     problem = msg.strip().splitlines()[0]
-    value = getattr(exc, "value", None)
     shown = f"{key}={value}" if value is not None else key
     expected = schema_type(key)
     fix = f"; expected {expected}" if expected else ""

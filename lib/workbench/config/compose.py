@@ -17,22 +17,22 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from workbench import paths
 from workbench.config.checks import describe_omegaconf_error, validate
 from workbench.config.errors import ConfigError
-from workbench.config.schema import WorkbenchConfig, _field_type
+from workbench.config.schema import WorkbenchConfig, schema_field
 
 SCHEMA_NAME = "workbench_schema"
-GROUPS = ("env", "algo", "tuning", "experiment", "sweep", "tracking")
+GROUPS = ("env", "algo", "tuning", "experiment", "sweep", "tracking", "debug")
 
 
 def minibatch(num_envs: int, n_steps: int, minibatches: int) -> int:
     """``${minibatch:${env.num_envs},${algo.n_steps},k}``: a k-th of the rollout (at least 2).
 
     conf/algo/ppo.yaml sizes its minibatch this way, so overriding ``env.num_envs`` or
-    ``algo.n_steps`` keeps the same number of gradient steps per update (README "Performance").
+    ``algo.n_steps`` keeps the same number of gradient steps per update (docs/benchmarks.md).
     """
     return max(2, int(num_envs) * int(n_steps) // int(minibatches))
 
@@ -73,7 +73,7 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
     except ConfigError:
         raise
     except Exception as exc:  # Hydra wraps OmegaConf errors in several exception types
-        raise ConfigError(describe_hydra_error(exc)) from exc
+        raise ConfigError(describe_hydra_error(exc, overrides)) from exc
 
 
 def load_config(overrides: Sequence[str] = ()) -> WorkbenchConfig:
@@ -138,30 +138,34 @@ def _check_schema_key(dotted: str) -> None:
     for part in dotted.split("."):
         if not (isinstance(node, type) and is_dataclass(node)):
             return  # inside a free-form dict (env.kwargs, tracking.tags): anything goes
-        by_name = {f.name: f for f in fields(node)}
-        if part not in by_name:
+        names = [f.name for f in fields(node)]
+        if part not in names:
             where = ".".join(walked) or "the top level"
-            close = difflib.get_close_matches(part, list(by_name), n=1)
+            close = difflib.get_close_matches(part, names, n=1)
             hint = f"did you mean {'.'.join([*walked, close[0]])}? " if close else ""
             raise ConfigError(
                 f"{dotted}: unknown config key; {hint}valid keys of {where}: "
-                f"{', '.join(sorted(by_name))}"
+                f"{', '.join(sorted(names))}"
             )
         walked.append(part)
-        node = _field_type(by_name[part])
+        node = schema_field(".".join(walked))
 
 
-def describe_hydra_error(exc: BaseException) -> str:
-    """One line from a Hydra composition error, keeping its most specific cause."""
-    text = str(exc)
-    if "To append to your config use" in text:
-        # A key the composed config lacks (e.g. inside env.kwargs): Hydra wants a leading '+'.
-        suggestion = text.split("To append to your config use", 1)[1].strip().splitlines()[0]
-        target = text.split("'")[1] if "'" in text else "override"
-        return f"{target}: not in the composed config; to add it write {suggestion}"
+def describe_hydra_error(exc: BaseException, overrides: Sequence[str] = ()) -> str:
+    """One line from a Hydra composition error, from its most specific cause.
+
+    Read from the exceptions' types and fields, never from Hydra's wording: an OmegaConf
+    error names its key (``full_key``); a key missing from the composed config that an
+    override sets (e.g. inside ``env.kwargs``) needs Hydra's ``+`` to be added.
+    """
     cause: BaseException | None = exc
     while cause is not None:
-        if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+        key = getattr(cause, "full_key", None)
+        if isinstance(cause, ConfigAttributeError | ConfigKeyError) and key:
+            given = next((o for o in overrides if o.split("=", 1)[0] == key), None)
+            if given is not None:
+                return f"{key}: not in the composed config; to add it write +{given}"
+        if isinstance(cause, OmegaConfBaseException) and key:
             return describe_omegaconf_error(cause)
         cause = cause.__cause__ or cause.__context__
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]

@@ -2,28 +2,70 @@
 
 Hydra composes ``conf/config.yaml`` on top of :class:`WorkbenchConfig` (its first defaults
 entry is this schema, stored as ``workbench_schema``), so every key exists with its type
-before a YAML file or an override is merged in; unknown keys and wrong types fail with the
-key's name (:mod:`workbench.config.compose`). :mod:`workbench.config.checks` adds the range
-and cross-field checks a type cannot express.
+before a YAML file or an override is merged in; unknown keys, wrong types and values outside
+an ``Enum`` fail with the key's name (:mod:`workbench.config.compose`).
+:mod:`workbench.config.checks` adds the range and cross-field checks a type cannot express.
+
+Each default is written once: here, or (for ``???`` fields) in the group option that sets it.
+The ``algo`` defaults are stable-baselines3's own PPO defaults, so ``algo=ppo_sb3`` is this
+schema as it is and ``conf/algo/ppo.yaml`` lists only what the workbench changes
+(``tests/test_defaults.py`` checks that no YAML file of ``conf/`` repeats a default).
 """
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING as NO_FACTORY
+from dataclasses import dataclass, field, is_dataclass
+from enum import StrEnum
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import MISSING, OmegaConf
 
-VEC_ENV_CHOICES = ("dummy", "subproc", "envpool", "auto")
-DEVICE_CHOICES = ("auto", "cpu", "cuda")
-ACTIVATION_CHOICES = ("tanh", "relu", "elu")
-LR_SCHEDULE_CHOICES = ("constant", "linear")
+
+class VecEnvBackend(StrEnum):
+    """How the environment copies are stepped (``env.vec_env``)."""
+
+    dummy = "dummy"  # one after the other in the learner's process
+    subproc = "subproc"  # one process per env copy
+    envpool = "envpool"  # EnvPool's C++ threads (extra ``fast``)
+    auto = "auto"  # a short, cached measurement picks one of the above (envs/calibration.py)
+
+
+class Device(StrEnum):
+    """Where the policy trains (``device``)."""
+
+    auto = "auto"  # CUDA when available, else the CPU
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Activation(StrEnum):
+    """Hidden-layer activation of the actor and critic (``algo.policy.activation``)."""
+
+    tanh = "tanh"
+    relu = "relu"
+    elu = "elu"
+
+
+class LrSchedule(StrEnum):
+    """How the learning rate evolves over training (``algo.lr_schedule``)."""
+
+    constant = "constant"
+    linear = "linear"  # decays to 0 over total_timesteps
+
+
+class SweepExecutor(StrEnum):
+    """Where sweep points run (``sweep.executor``)."""
+
+    local = "local"  # threads on this machine, one kernel per point
+    ray = "ray"  # tasks on an existing Ray cluster
 
 
 @dataclass
 class RandomizationConfig:
-    """Domain randomization for any MuJoCo task (wrappers in workbench/randomization.py).
+    """Domain randomization for any MuJoCo task (wrappers in envs/randomization.py).
 
     Physics ranges are ``[low, high]`` scale factors on the model's nominal values, each
     sampled uniformly once per episode (the sampled values are in ``info["randomization"]``);
@@ -43,13 +85,11 @@ class RandomizationConfig:
 class EnvConfig:
     """Which simulator task to train on and how its copies are vectorized."""
 
-    name: str = "halfcheetah"  # group option this came from (conf/env/<name>.yaml)
-    id: str = "HalfCheetah-v5"  # gymnasium id
-    num_envs: int = 1  # parallel environment copies; per-env seed = seed + rank
-    # dummy (same process) | subproc (one process per env) | envpool (C++ threads, extra
-    # ``fast``) | auto (a short, cached calibration picks one; logged as derived.vec_env)
-    vec_env: str = "auto"
-    normalize: bool = False  # wrap in SB3's VecNormalize (running obs/return statistics)
+    name: str = MISSING  # group option this came from (conf/env/<name>.yaml)
+    id: str = MISSING  # gymnasium id, or "module:Id" for an id that module registers
+    num_envs: int = 16  # parallel environment copies; per-env seed = seed + rank
+    vec_env: VecEnvBackend = VecEnvBackend.auto  # the choice is logged as derived.vec_env
+    normalize: bool = True  # wrap in SB3's VecNormalize (running obs/return statistics)
     norm_obs: bool = True  # with normalize: normalize observations
     norm_reward: bool = True  # with normalize: scale rewards by the return's running std
     clip_obs: float = 10.0  # with normalize: clip normalized observations to +-clip_obs
@@ -64,29 +104,29 @@ class PolicyConfig:
 
     pi: list[int] = field(default_factory=lambda: [64, 64])  # actor hidden layer sizes
     vf: list[int] = field(default_factory=lambda: [64, 64])  # critic hidden layer sizes
-    activation: str = "tanh"  # tanh | relu | elu
+    activation: Activation = Activation.tanh
     log_std_init: float = 0.0  # initial log std of the Gaussian action distribution
     ortho_init: bool = True  # orthogonal weight initialization (SB3 default)
 
 
 @dataclass
 class AlgoConfig:
-    """PPO hyperparameters, named as in stable-baselines3."""
+    """PPO hyperparameters, named as in stable-baselines3; the defaults are SB3's own."""
 
-    name: str = "ppo"
+    name: str = "ppo"  # the algorithm (only PPO so far)
     n_steps: int = 2048  # steps per environment per rollout; rollout = num_envs * n_steps
     batch_size: int = 64  # minibatch size
     n_epochs: int = 10  # passes over each rollout
-    learning_rate: float = 3e-4
-    lr_schedule: str = "constant"  # constant | linear (decays to 0 over total_timesteps)
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    clip_range: float = 0.2
-    ent_coef: float = 0.0
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
+    learning_rate: float = 3e-4  # Adam's step size (its initial value with a schedule)
+    lr_schedule: LrSchedule = LrSchedule.constant
+    gamma: float = 0.99  # discount factor
+    gae_lambda: float = 0.95  # GAE's bias/variance trade-off
+    clip_range: float = 0.2  # PPO's clipping of the probability ratio
+    ent_coef: float = 0.0  # entropy bonus in the loss
+    vf_coef: float = 0.5  # value loss weight in the loss
+    max_grad_norm: float = 0.5  # gradient clipping
     target_kl: float | None = None  # stop an update's epochs early above this KL
-    normalize_advantage: bool = True
+    normalize_advantage: bool = True  # standardize advantages per minibatch
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
 
@@ -141,15 +181,15 @@ class CheckpointConfig:
 class SweepConfig:
     """Grid for ``workbench sweep`` (see conf/sweep/)."""
 
-    name: str = "default"
+    name: str = "default"  # the sweep id's prefix
     id: str | None = None  # None: <name>-<hash of points and overrides>; set to extend a sweep
     num_envs: list[int] = field(default_factory=lambda: [1, 2])
     n_steps: list[int] = field(default_factory=lambda: [128, 256])
     seeds: list[int] = field(default_factory=lambda: [0])
     iso_batch: int | None = None  # keep num_envs * n_steps == iso_batch (n_steps derived)
-    workers: int = 2  # concurrent points
-    executor: str = "local"  # local | ray
-    timeout: float | None = None  # seconds per point; None: no limit
+    workers: int = 2  # concurrent points; each gets cores / workers CPUs
+    executor: SweepExecutor = SweepExecutor.local
+    timeout: float | None = None  # seconds per point (kernel start included); None: no limit
     overrides: list[str] = field(default_factory=list)  # extra overrides for every point
     ray: RayConfig = field(default_factory=RayConfig)  # with executor=ray
 
@@ -159,7 +199,7 @@ class ReproConfig:
     """Reproducibility switches; seeding itself is always on (``seed``, env rank r: seed + r)."""
 
     # torch.use_deterministic_algorithms (+ CUBLAS_WORKSPACE_CONFIG where CUDA is present):
-    # bit-identical reruns also on GPU, at a speed cost (README "Manifest and reproducibility").
+    # bit-identical reruns also on GPU, at a speed cost (docs/tracking.md).
     deterministic: bool = False
 
 
@@ -187,14 +227,14 @@ class WorkbenchConfig:
     experiment_name: str | None = None  # the experiment= preset this came from, if any
     total_timesteps: int = 100_000  # environment steps to train for
     seed: int = 0  # base seed: torch, numpy, and env rank r gets seed + r
-    device: str = "auto"  # auto | cpu | cuda (auto: CUDA when available)
+    device: Device = Device.auto
     torch_threads: int = 0  # torch intra-op threads for the learner; 0: chosen from cores
     resume: str | None = None  # MLflow run id: continue that run from its last checkpoint
 
 
 def to_dict(cfg: WorkbenchConfig) -> dict[str, Any]:
     """The config as plain nested dicts (for YAML dumps and MLflow params)."""
-    container = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    container = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
     assert isinstance(container, dict)
     return container  # type: ignore[return-value]
 
@@ -218,22 +258,39 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _field_type(f: Any) -> Any:
     """The dataclass type of a nested field, or None for leaves."""
-    if f.default_factory is not MISSING:
+    if f.default_factory is not NO_FACTORY:
         sample = f.default_factory()
         return type(sample) if is_dataclass(sample) else None
     return None
 
 
-def schema_type(dotted: str) -> str | None:
-    """The declared type of a schema key (e.g. ``"int"`` for ``env.num_envs``), if any."""
+def schema_field(dotted: str) -> Any:
+    """The resolved type of a schema key (``int`` for ``env.num_envs``), or None if unknown."""
     node: Any = WorkbenchConfig
-    declared: str | None = None
+    declared: Any = None
     for part in dotted.split("."):
         if not (isinstance(node, type) and is_dataclass(node)):
             return None
-        by_name = {f.name: f for f in fields(node)}
-        if part not in by_name:
+        hints = typing.get_type_hints(node)
+        if part not in hints:
             return None
-        declared = str(by_name[part].type)
-        node = _field_type(by_name[part])
+        declared = hints[part]
+        node = declared if isinstance(declared, type) and is_dataclass(declared) else None
     return declared
+
+
+def schema_type(dotted: str) -> str | None:
+    """The declared type of a schema key as written (``"int"`` for ``env.num_envs``), if any."""
+    declared = schema_field(dotted)
+    if declared is None:
+        return None
+    return declared.__name__ if isinstance(declared, type) else str(declared).replace(
+        "typing.", "")
+
+
+def choices(dotted: str) -> list[str] | None:
+    """The valid values of an ``Enum`` key (``env.vec_env``), or None for other keys."""
+    declared = schema_field(dotted)
+    if isinstance(declared, type) and issubclass(declared, StrEnum):
+        return [member.value for member in declared]
+    return None

@@ -7,8 +7,8 @@ mean, as SB3's ``predict(deterministic=True)``) clipped to the action space.
 
 ``export_run(run_id)`` writes ``policy.pt`` (TorchScript), ``policy.onnx`` (dynamic batch
 axis) and ``export_report.json`` and logs them to the run under ``export/``. The report holds
-three checks, the field practice "load the weights, run a trajectory, compare with the
-training log, measure the worst case" (see shared FIELD_NOTES.md):
+three checks: load the weights, run a trajectory, compare with the training log, and measure
+the worst case, before anything touches hardware:
 
 1. parity: exported outputs vs SB3 ``predict(deterministic=True)`` on observations recorded
    from the environment (max abs difference, must be <= 1e-5 on CPU);
@@ -55,7 +55,7 @@ from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import is_embedded, make_client, resolve_tracking_uri
 from workbench.training.model import PolicySource
 
-PARITY_TOLERANCE = 1e-5  # max abs action difference allowed on CPU (issue 7)
+PARITY_TOLERANCE = 1e-5  # max abs action difference allowed on CPU
 DEFAULT_OBSERVATIONS = 256
 DEFAULT_EPISODES = 5
 DEFAULT_CALLS = 1000

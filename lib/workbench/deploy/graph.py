@@ -96,7 +96,7 @@ def example_input(obs_dim: int) -> torch.Tensor:
 
 
 def export_torchscript(module: torch.nn.Module, path: Path, obs_dim: int) -> None:
-    """Trace ``module`` to TorchScript (field practice for small MLPs: trace, not script).
+    """Trace ``module`` to TorchScript (for small MLPs: trace, not script).
 
     torch marks ``torch.jit`` deprecated in favour of ``torch.export``, but TorchScript is
     still what LibTorch C++ controllers load, which is why the issue asks for it.

@@ -140,7 +140,7 @@ def fp16_variant(
 
     Only the MLP runs in half precision: normalization stays float64 and the output float32.
     Its parity is reported, not enforced (FP16 differs by ~1e-3); no INT8 variant, control
-    policies are sensitive to small input changes (FIELD_NOTES.md).
+    policies are sensitive to small input changes.
     """
     if not torch.cuda.is_available():
         return {"skipped": "no CUDA device (FP16 runs only on a GPU)"}

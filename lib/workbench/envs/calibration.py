@@ -12,7 +12,7 @@ predecessor) is used but not cached: other processes slow the threaded backends 
 ``dummy``, and the next run on an idle machine should not inherit that choice. The choice is
 logged as ``derived.vec_env`` with the measured rates in ``derived.vec_env_rates``.
 
-Candidates, as measured by ``benchmarks/physics.py`` on 2 shared cores (README "Performance"):
+Candidates, as measured by ``benchmarks/physics.py`` on 2 shared cores (docs/benchmarks.md):
 
 - ``dummy``: envs stepped one by one in the learner's process; Python overhead per step
   dominates (HalfCheetah ~0.2 of the physics limit).
@@ -21,7 +21,7 @@ Candidates, as measured by ``benchmarks/physics.py`` on 2 shared cores (README "
   is one of its MuJoCo tasks.
 - ``subproc``: one process per env, pipes in between. It only pays when there are cores to
   spare beyond the learner's and each step is expensive, so it is measured only with at least
-  ``SUBPROC_MIN_CORES`` cores (on 2 cores it trains slower than ``dummy``: issue 8).
+  ``SUBPROC_MIN_CORES`` cores (on 2 cores it trained slower than ``dummy``: docs/benchmarks.md).
 """
 
 from __future__ import annotations

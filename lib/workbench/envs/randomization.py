@@ -1,6 +1,6 @@
 """Domain randomization for any MuJoCo task: gymnasium wrappers built from config.
 
-Sim-to-real practice (FIELD_NOTES.md): a policy that only ever saw the nominal simulator
+Sim-to-real practice: a policy that only ever saw the nominal simulator
 overfits to it. These wrappers perturb what the policy sees (observation noise), what the
 robot does (action noise, action delay) and the physics itself (friction, masses, joint
 damping, actuator gains, re-sampled every episode). ``env.randomization`` configures the

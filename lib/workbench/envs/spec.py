@@ -31,7 +31,7 @@ class EnvSpec:
         return cls(
             env_id=e.id,
             num_envs=e.num_envs,
-            vec_env=e.vec_env,
+            vec_env=str(e.vec_env),
             seed=cfg.seed,
             max_episode_steps=e.max_episode_steps,
             kwargs=dict(e.kwargs),

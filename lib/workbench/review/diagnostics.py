@@ -2,9 +2,9 @@
 
 Each check reads the per-iteration series a run logged (SB3's keys, ``time/*`` and MLflow's
 ``system/*`` metrics) and, when it fires, returns a :class:`Diagnostic` carrying the numbers
-that triggered it and the usual remedy (../shared/FIELD_NOTES.md, "What to watch during
-training"). :func:`analyse_bottleneck` turns the rollout/update time split and the system
-metrics into one verdict per run ("Where the time goes").
+that triggered it and the usual remedy (docs/reports.md, "Diagnostics").
+:func:`analyse_bottleneck` turns the rollout/update time split and the system metrics into
+one verdict per run ("Where the time goes").
 
 All thresholds live in :class:`Thresholds` (typed, one comment per field); the report CLI
 exposes each as an option (``--approx-kl-max 0.1``) and the notebook takes a dict.
@@ -364,7 +364,7 @@ REMEDIES = {
 
 def analyse_bottleneck(metrics: Mapping[str, Series], limits: Thresholds | None = None
                        ) -> Bottleneck:
-    """Verdict from the rollout/update split and MLflow's system metrics (FIELD_NOTES table)."""
+    """Verdict from the rollout/update split and MLflow's system metrics (docs/reports.md)."""
     limits = limits or Thresholds()
     rollout = finite_sum(metrics.get("time/rollout_s"))
     update = finite_sum(metrics.get("time/update_s"))

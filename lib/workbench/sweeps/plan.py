@@ -59,7 +59,7 @@ def expand_grid(sweep: SweepConfig, env: str) -> list[Point]:
     """The points of the grid num_envs x n_steps x seeds, in that order, without duplicates.
 
     Iso-batch mode (``sweep.iso_batch=B``) keeps the samples per update constant: each
-    num_envs gets ``n_steps = B / num_envs`` (field practice: halve the envs, double the
+    num_envs gets ``n_steps = B / num_envs`` (halve the envs, double the
     rollout) and ``sweep.n_steps`` is not used.
     """
     for key, example in (("num_envs", "[1,2,4]"), ("n_steps", "[128,256]"), ("seeds", "[0]")):
@@ -210,8 +210,6 @@ def check_grid_keys(overrides: Iterable[str], where: str) -> None:
 
 def check_sweep_settings(sweep: SweepConfig) -> None:
     """Range and choice checks of the ``sweep`` group."""
-    if sweep.executor not in ("local", "ray"):
-        raise ConfigError(f"sweep.executor={sweep.executor!r}: choose local or ray")
     if sweep.workers < 1:
         raise ConfigError(f"sweep.workers={sweep.workers}: must be >= 1")
     if sweep.timeout is not None and sweep.timeout <= 0:

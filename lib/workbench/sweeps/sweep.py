@@ -8,7 +8,7 @@ Data flow::
             papermill -> fresh kernel -> workbench.training.trainer (a child run under the parent)
       --> PointOutcome per point --> result table, exit code
 
-Properties (issue 4):
+Properties:
 
 - **Parallel within a CPU budget**: at most ``sweep.workers`` points run at once (never more
   than there are cores); each point's kernel gets ``WORKBENCH_CPU_BUDGET`` = its share of the

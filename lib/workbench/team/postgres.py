@@ -103,7 +103,7 @@ def init_cluster(layout: Layout, bin_dir: Path, user: pwd.struct_passwd | None) 
     )
     conf = layout.pgdata / "postgresql.conf"
     with conf.open("a") as handle:
-        handle.write("\n# workbench server: see lib/workbench/server.py\n"
+        handle.write("\n# workbench server: see lib/workbench/team/server.py\n"
                      "include_if_exists = 'workbench.conf'\n")
     return True
 

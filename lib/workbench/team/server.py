@@ -69,7 +69,7 @@ SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; the socket file name adds ".s.PG
 class ServerSettings:
     """How to run the server (command-line flags of ``workbench server start``)."""
 
-    host: str = "127.0.0.1"  # interface to bind; 0.0.0.0 for other machines (see README)
+    host: str = "127.0.0.1"  # interface to bind; 0.0.0.0 for other machines (docs/team-mode.md)
     port: int = DEFAULT_PORT
     pg_port: int = DEFAULT_PG_PORT
     workers: int = 2  # uvicorn workers serving the REST API

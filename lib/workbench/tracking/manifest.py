@@ -1,12 +1,12 @@
 """Environment manifest: which software and hardware produced a run, recorded with every run.
 
-Field practice (FIELD_NOTES.md, "Reproducibility"): write down kernel, driver, CUDA, cuDNN,
-PyTorch and framework versions before training and keep them with the results; months later
-that is the only way to know which environment produced a curve. ``train()`` does it for
+Kernel, driver, CUDA, cuDNN, PyTorch and framework versions are written down before training
+and kept with the results; months later that is the only way to know which environment
+produced a curve. ``train()`` does it for
 every run (:func:`record_manifest`): ``manifest.json`` at the run's artifact root and in
 ``model/``, headline facts as MLflow tags, and the uncommitted code as ``git.diff``.
 
-Schema (DESIGN.md "Manifest"; ``tests/test_manifest.py:assert_manifest_schema`` checks it)::
+Schema (docs/tracking.md; ``tests/test_manifest.py:assert_manifest_schema`` checks it)::
 
     created_at    ISO 8601 UTC timestamp
     python        version, implementation, executable
@@ -68,7 +68,7 @@ GIT_DIFF_FILE = "git.diff"
 TOP_LEVEL_KEYS = (
     "created_at", "python", "packages", "pip_freeze", "os", "hardware", "cuda", "git", "run",
 )
-# Versions every manifest lists by name (DESIGN.md), then the project's other key pieces.
+# Versions every manifest lists by name (docs/tracking.md), then the project's other key pieces.
 HEADLINE_PACKAGES = (
     "torch", "stable-baselines3", "gymnasium", "mujoco", "mlflow", "hydra-core", "papermill",
     "numpy", "omegaconf", "workbench", "nvidia-ml-py", "ray", "envpool", "onnxruntime",

@@ -1,6 +1,6 @@
 """The run's outbox: tracking writes that survive an unreachable or locked store.
 
-Design (issue 6: "does not die after minutes of retries, does not silently drop metrics"):
+Design (a training neither dies after minutes of retries nor silently drops metrics):
 
 1. **Journal first.** Every write a training makes to its MLflow run (metric batches, tags,
    the final status, artifacts such as checkpoints and the model) is first appended to a local
@@ -54,6 +54,7 @@ from workbench.tracking.journal import (
     Journal,
     apply,
     encode_batch,
+    is_metric_only,
     locked,
     merge_metric_batches,
     metric_batches,
@@ -353,7 +354,7 @@ class DeliveryClient(MlflowClient):
             failures = 0
             for each in records:
                 self._done(each)
-            if record["op"] == "log_batch" and not self.urgent:
+            if is_metric_only(record) and not self.urgent and not self._other_waiting():
                 self.wake.wait(timeout=self.batch_interval_s)  # let the next batches gather
                 self.wake.clear()
             if self.outage_since is not None:
@@ -363,6 +364,15 @@ class DeliveryClient(MlflowClient):
                     file=sys.stderr, flush=True,
                 )
                 self.outage_since = None
+
+    def _other_waiting(self) -> bool:
+        """A write other than a metric batch is queued: a heartbeat, a tag, params, artifacts.
+
+        Only metric batches are worth gathering; everything else goes out at once, so that a
+        heartbeat is never held back behind the batching wait.
+        """
+        with self.cond:
+            return any(not is_metric_only(r) for r in self.queue)
 
     def _retry_alone(self, record: Mapping[str, Any]) -> None:
         """A merged batch was refused: send its parts one by one to reject only the bad one."""
