@@ -8,7 +8,7 @@ could beat. It is a ceiling, so the best of ``--reps`` measurements is kept.
 ``R_env`` = random-action vectorized stepping rate / ``C_phys``, per backend (``dummy``,
 ``subproc``, ``envpool``) and ``num_envs`` in {1, 2, 4, 8, 16}; the median of ``--reps``
 measurements, interleaved (rep by rep, every backend and size) so load drift hits all alike.
-Rates come from ``workbench.envs.calibration.stepping_rate``, the same loop ``env.vec_env=auto``
+Rates come from ``workbench.envs.calibration.stepping_rate``, the loop ``workbench calibrate``
 uses, over the environments ``workbench.envs.vector.make_envs`` builds for training.
 
     python benchmarks/physics.py                # all MuJoCo tasks' C_phys; R_env on HalfCheetah

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import socket
@@ -11,6 +12,11 @@ from pathlib import Path
 
 import pytest
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+
+# glfw (imported by gymnasium's MuJoCo renderer with the first MuJoCo env) probes its library's
+# version in a subprocess on import: imported here, before any unit test's guard is active.
+with contextlib.suppress(ImportError):
+    import glfw  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 

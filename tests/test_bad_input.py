@@ -9,6 +9,7 @@ the rows about checkpoints, resume and the experiments directory.
 from __future__ import annotations
 
 import re
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from workbench import cli
 from workbench.config import ConfigError
 from workbench.training import load_config, train
 
+from .conftest import TINY, run_cli
 from .trained_run import FinishedRun, finished_run  # noqa: F401
 
 UNKNOWN_ID = "0123456789abcdef0123456789abcdef"
@@ -175,3 +177,50 @@ def test_notebook_config_that_differs_from_the_run(finished_run: FinishedRun,  #
     with pytest.raises(ConfigError, match=rf"^resume={finished_run.run_id}: algo.n_epochs=5 "
                        r"differs from the run's 2; a resumed run keeps its configuration"):
         train(cfg)
+
+
+# --------------------------------------------------------------------------- unusable stores
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_unreachable_tracking_server_is_one_line(store: Path) -> None:
+    """One short request, not MLflow's minutes of HTTP retries (it took ~250 s before)."""
+    uri = f"http://127.0.0.1:{free_port()}"
+    done = run_cli("train", *TINY, env={"MLFLOW_TRACKING_URI": uri}, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr == (f"workbench: error: tracking server {uri}: not reachable ([Errno "
+                           "111] Connection refused); start it (workbench server start) or point "
+                           "MLFLOW_TRACKING_URI / tracking.uri at one that runs\n")
+    assert not (store / "outbox").exists()
+
+
+def test_corrupt_store_file_is_one_line_and_stays_untouched(store: Path, tmp_path: Path) -> None:
+    db = tmp_path / "broken" / "mlflow.db"
+    db.parent.mkdir()
+    db.write_bytes(b"not a database at all\n" * 100)
+    before = tree_state(db.parent)
+    done = run_cli("train", *TINY, env={"MLFLOW_TRACKING_URI": f"sqlite:///{db}"}, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr == (f"workbench: error: tracking store sqlite:///{db}: mlflow.db is not a "
+                           "SQLite database (corrupt or another file); move it away, or point "
+                           "MLFLOW_TRACKING_URI / tracking.uri at another store\n")
+    assert tree_state(db.parent) == before  # not even a lock file next to it
+    assert not (store / "outbox").exists()
+
+
+def test_store_in_an_unwritable_directory_is_one_line(store: Path) -> None:
+    """A directory the process cannot write: sysfs refuses new files even to root (the tests
+    run as root here, and chmod does not stop root)."""
+    locked = Path("/sys")
+    uri = f"sqlite:///{locked / 'mlflow.db'}"
+    done = run_cli("train", *TINY, env={"MLFLOW_TRACKING_URI": uri}, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr == (f"workbench: error: tracking store {uri}: its directory {locked} "
+                           "cannot be written (Permission denied); fix its permissions or point "
+                           "MLFLOW_TRACKING_URI / tracking.uri at a writable place\n")
+    assert not (locked / "mlflow.db").exists() and not (store / "outbox").exists()

@@ -25,8 +25,7 @@ def test_make_bench_quick_runs_end_to_end(tmp_path: Path) -> None:
     proc = subprocess.run(
         ["make", "-o", "setup", "bench", "ARGS=--quick", f"VENV={sys.prefix}"],
         cwd=ROOT, capture_output=True, text=True, timeout=1800,
-        env={**os.environ, "WORKBENCH_BENCH_RESULTS": str(results),
-             "WORKBENCH_CALIBRATION_CACHE": str(tmp_path / "vec_env.json")},
+        env={**os.environ, "WORKBENCH_BENCH_RESULTS": str(results)},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Summary: measured ratios against the targets of docs/benchmarks.md" in proc.stdout

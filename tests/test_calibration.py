@@ -1,14 +1,15 @@
-"""``env.vec_env=auto``: the calibration measures real backends, decides, caches and logs."""
+"""``env.vec_env=auto``: a documented rule, never a timing; ``workbench calibrate`` measures."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import gymnasium
 import pytest
 from mlflow.tracking import MlflowClient
+from workbench import cli
+from workbench.config import RandomizationConfig
 from workbench.envs import calibration, envpool_vec
 from workbench.envs.cores import auto_torch_threads
 from workbench.envs.spec import EnvSpec
@@ -18,96 +19,65 @@ from workbench.training import load_config, train
 from .conftest import TINY
 from .test_train import ExplodingEnv
 
-
-@pytest.fixture()
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "calibration" / "vec_env.json"
-    monkeypatch.setenv("WORKBENCH_CALIBRATION_CACHE", str(path))
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # idle: results are cached
-    return path
+POOL = "envpool" if envpool_vec.is_installed() else "dummy"
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
-    ("rates", "expected"),
+    ("spec", "expected"),
     [
-        ({"dummy": 100.0}, "dummy"),
-        ({"dummy": 100.0, "envpool": 110.0}, "dummy"),  # within the margin: keep the simplest
-        ({"dummy": 100.0, "envpool": 200.0}, "envpool"),
-        ({"dummy": 100.0, "envpool": 200.0, "subproc": 300.0}, "subproc"),
-        ({"dummy": 300.0, "envpool": 200.0}, "dummy"),
+        (EnvSpec("HalfCheetah-v5", 16, "auto"), POOL),  # EnvPool runs it (where installed)
+        (EnvSpec("Hopper-v5", 1, "auto"), POOL),
+        (EnvSpec("CartPole-v1", 8, "auto"), "dummy"),  # not one of EnvPool's MuJoCo tasks
+        (EnvSpec("HalfCheetah-v5", 4, "auto", randomization=RandomizationConfig(
+            friction=[0.8, 1.2])), "dummy"),  # randomization wraps gymnasium envs
+        (EnvSpec("HalfCheetah-v5", 4, "auto", kwargs={"xml_file": "x.xml"}), "dummy"),
+        (EnvSpec("HalfCheetah-v5", 4, "subproc"), "subproc"),  # explicit choices pass through
     ],
 )
-def test_decide_takes_the_fastest_beyond_the_margin(rates: dict[str, float],
-                                                    expected: str) -> None:
-    assert calibration.decide(rates) == expected
+def test_auto_follows_the_rule(spec: EnvSpec, expected: str) -> None:
+    choice = calibration.choose_vec_env(spec)
+    assert choice.name == expected
+    assert choice.params() == {"derived.vec_env": expected}  # a decision, never a measurement
+    assert calibration.resolve_spec(spec).vec_env == expected
 
 
 @pytest.mark.unit
-def test_candidates_follow_cores_and_task() -> None:
-    spec = EnvSpec("HalfCheetah-v5", num_envs=8)
+def test_the_choice_ignores_the_machine_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = EnvSpec("Hopper-v5", 4, "auto")
+    idle = calibration.choose_vec_env(spec)
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    assert calibration.choose_vec_env(spec) == idle
+
+
+@pytest.mark.unit
+def test_candidates_follow_env_count_and_task() -> None:
     pool = ["envpool"] if envpool_vec.is_installed() else []
-    assert calibration.candidates(spec, budget=2) == ["dummy", *pool]
-    assert calibration.candidates(spec, budget=4) == ["dummy", *pool, "subproc"]
-    single = EnvSpec("HalfCheetah-v5", num_envs=1)
-    assert calibration.candidates(single, budget=4) == ["dummy", *pool]
-    assert calibration.candidates(EnvSpec("CartPole-v1", 8), budget=2) == ["dummy"]
+    assert calibration.candidates(EnvSpec("HalfCheetah-v5", 8)) == ["dummy", *pool, "subproc"]
+    assert calibration.candidates(EnvSpec("HalfCheetah-v5", 1)) == ["dummy", *pool]
+    assert calibration.candidates(EnvSpec("CartPole-v1", 8)) == ["dummy", "subproc"]
 
 
-@pytest.mark.unit
-def test_auto_calibrates_once_then_uses_the_cache(cache: Path) -> None:
-    spec = EnvSpec("Hopper-v5", num_envs=4, vec_env="auto")
-    first = calibration.choose_vec_env(spec, budget=2)
-    assert first.name in {"dummy", "envpool"} and not first.cached
-    assert set(first.rates) == set(calibration.candidates(spec, budget=2))
-    assert all(rate > 0 for rate in first.rates.values())
-    assert first.name == calibration.decide(first.rates)
-    stored = json.loads(cache.read_text())
-    assert list(stored.values()) == [first.rates]
-    second = calibration.choose_vec_env(spec, budget=2)
-    assert second.cached and second.rates == first.rates and second.name == first.name
-    # another env count is another measurement
-    other = calibration.choose_vec_env(EnvSpec("Hopper-v5", 2, vec_env="auto"), budget=2)
-    assert not other.cached and len(json.loads(cache.read_text())) == 2
-
-
-@pytest.mark.unit
-@pytest.mark.skipif(not envpool_vec.is_installed(), reason="needs a second candidate (extra fast)")
-def test_a_calibration_on_a_busy_machine_is_used_not_cached(
-    cache: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    spec = EnvSpec("Hopper-v5", num_envs=4, vec_env="auto")
-    monkeypatch.setattr(os, "getloadavg", lambda: (2.5, 2.0, 1.0))  # 1 + half of 2 cores: busy
-    busy = calibration.choose_vec_env(spec, budget=2)
-    assert busy.rates and not busy.cached and busy.name == calibration.decide(busy.rates)
-    assert "not cached: load average 2.5 on 2 cores" in busy.reason
-    assert not cache.exists()
-    monkeypatch.setattr(os, "getloadavg", lambda: (1.9, 2.0, 1.0))  # below the bar: cached
-    idle = calibration.choose_vec_env(spec, budget=2)
-    assert not idle.cached and list(json.loads(cache.read_text()).values()) == [idle.rates]
-    assert calibration.choose_vec_env(spec, budget=2).cached
-
-
-@pytest.mark.unit
-def test_a_broken_env_never_stops_auto(cache: Path) -> None:
+def test_calibrate_measures_real_backends_and_skips_a_broken_env() -> None:
+    rates = calibration.calibrate(EnvSpec("Hopper-v5", 2), ["dummy"], seconds=0.05)
+    assert set(rates) == {"dummy"} and rates["dummy"] > 0
+    discrete = calibration.calibrate(EnvSpec("CartPole-v1", 2), ["dummy"], seconds=0.05)
+    assert discrete["dummy"] > 0  # Discrete action spaces step too
     gymnasium.register("WorkbenchTest/ExplodingCalibration-v0", entry_point=ExplodingEnv)
-    spec = EnvSpec("WorkbenchTest/ExplodingCalibration-v0", 2, vec_env="auto")
-    assert calibration.calibrate(spec, ["dummy"]) == {}  # stepping raised: no rate
-    choice = calibration.choose_vec_env(spec, budget=2)  # only dummy applies: not measured
-    assert (choice.name, choice.rates) == ("dummy", {})
-    assert not cache.exists()
+    broken = EnvSpec("WorkbenchTest/ExplodingCalibration-v0", 2)
+    assert calibration.calibrate(broken, ["dummy"], seconds=0.05) == {}  # stepping raised
 
 
-@pytest.mark.unit
-def test_explicit_choice_is_not_calibrated(cache: Path) -> None:
-    choice = calibration.choose_vec_env(EnvSpec("Hopper-v5", 4, vec_env="subproc"))
-    assert (choice.name, choice.rates, choice.params()) == (
-        "subproc", {}, {"derived.vec_env": "subproc"}
-    )
-    assert not cache.exists()
+def test_calibrate_command_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["calibrate", "--seconds", "0.05", "env=hopper", "env.num_envs=2"]) == 0
+    out = capsys.readouterr().out
+    assert "Backends for Hopper-v5 x 2 envs (0.05 s each, random actions)" in out
+    assert "dummy" in out and "x dummy)" in out
+    assert f"auto: {'EnvPool runs Hopper-v5' if POOL == 'envpool' else 'dummy ('}" in out
+    assert cli.main(["calibrate", "--seconds", "0"]) == 2
 
 
-def test_make_envs_resolves_auto(cache: Path) -> None:
+def test_make_envs_resolves_auto() -> None:
     venv = make_envs(EnvSpec("Hopper-v5", 2, vec_env="auto"))
     try:
         expected = calibration.choose_vec_env(EnvSpec("Hopper-v5", 2, vec_env="auto"))
@@ -120,16 +90,13 @@ def test_make_envs_resolves_auto(cache: Path) -> None:
         venv.close()
 
 
-def test_auto_is_the_default_and_is_logged(store: Path, cache: Path) -> None:
+def test_auto_is_the_default_and_is_logged(store: Path) -> None:
     assert load_config([]).env.vec_env == "auto"
     result = train(load_config([*TINY, "tracking.system_metrics=false"]))
     params = MlflowClient(os.environ["MLFLOW_TRACKING_URI"]).get_run(result.run_id).data.params
     assert params["env.vec_env"] == "auto"
-    (rates,) = json.loads(cache.read_text()).values()
-    assert params["derived.vec_env"] == calibration.decide(rates)
-    assert params["derived.vec_env_rates"] == ", ".join(
-        f"{name} {rate:.0f}/s" for name, rate in sorted(rates.items())
-    )
+    assert params["derived.vec_env"] == POOL
+    assert not any("rates" in key for key in params)  # timings never become params
     threads = auto_torch_threads(2, params["derived.vec_env"])
     assert params["derived.torch_threads"] == str(threads)
 

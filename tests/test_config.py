@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gymnasium
 import pytest
 from workbench import cli, config
 from workbench.config import ConfigError, load_config
+from workbench.envs import robots  # noqa: F401  (registers the workbench's own ids)
 
 from .conftest import run_cli
 
@@ -21,7 +23,8 @@ def test_every_option_composes(group: str, option: str) -> None:
     assert isinstance(cfg, config.WorkbenchConfig)
     if group == "env":
         assert cfg.env.name == option
-        assert cfg.env.id.endswith("-v5") or cfg.env.id.startswith("Workbench")
+        # MuJoCo -v5 tasks, classic-control tasks and the workbench's own robots
+        assert cfg.env.id.endswith(("-v5", "-v1", "-v0")) and cfg.env.id in gymnasium.registry
     if group == "experiment":
         assert cfg.experiment_name == option
 
@@ -160,3 +163,46 @@ def test_unknown_command_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["trian"]) == 2
     assert capsys.readouterr().err.startswith(
         "workbench: error: argument COMMAND: invalid choice: 'trian'")
+
+
+@pytest.mark.parametrize("preset", config.group_options("experiment"))
+def test_every_preset_composes_and_builds_its_model(preset: str) -> None:
+    """The preset's values reach SB3's PPO as they are written (schedules, gSDE included)."""
+    from dataclasses import replace
+
+    from workbench.envs.spec import EnvSpec
+    from workbench.envs.vector import make_envs
+    from workbench.training import load_config as load_run_config
+    from workbench.training.model import build_model
+
+    cfg = load_run_config([f"experiment={preset}", "device=cpu"])
+    venv = make_envs(replace(EnvSpec.from_config(cfg), vec_env="dummy"))
+    try:
+        model = build_model(cfg, venv)
+        a = cfg.algo
+        assert (model.n_steps, model.batch_size, model.n_epochs) == (
+            a.n_steps, a.batch_size, a.n_epochs)
+        assert (model.gamma, model.gae_lambda, model.ent_coef, model.vf_coef) == (
+            a.gamma, a.gae_lambda, a.ent_coef, a.vf_coef)
+        assert (model.use_sde, model.max_grad_norm, model.n_envs) == (
+            a.use_sde, a.max_grad_norm, cfg.env.num_envs)
+        end = 0.0 if a.clip_range_schedule == "linear" else a.clip_range
+        assert (model.clip_range(1.0), model.clip_range(0.0)) == (a.clip_range, end)
+        lr_end = 0.0 if a.lr_schedule == "linear" else a.learning_rate
+        assert (model.lr_schedule(1.0), model.lr_schedule(0.0)) == (a.learning_rate, lr_end)
+    finally:
+        venv.close()
+
+
+def test_zoo_presets_carry_the_zoos_entries() -> None:
+    """Spot checks against rl-baselines3-zoo's hyperparams/ppo.yml (one key of each kind)."""
+    pendulum = load_config(["experiment=zoo_pendulum"])
+    assert (pendulum.env.id, pendulum.env.num_envs, pendulum.algo.use_sde,
+            pendulum.algo.sde_sample_freq, pendulum.algo.gamma) == ("Pendulum-v1", 4, True, 4, 0.9)
+    cartpole = load_config(["experiment=zoo_cartpole"])
+    assert (cartpole.algo.lr_schedule, cartpole.algo.clip_range_schedule) == ("linear", "linear")
+    assert cartpole.total_timesteps == 100_000 and not cartpole.env.normalize
+    swimmer = load_config(["experiment=zoo_swimmer"])
+    assert (swimmer.algo.gamma, swimmer.algo.n_steps, swimmer.env.normalize) == (0.9999, 2048, True)
+    car = load_config(["experiment=zoo_mountain_car_continuous"])
+    assert (car.algo.policy.log_std_init, car.algo.max_grad_norm) == (-3.29, 5.0)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,3 +106,26 @@ def test_manifest_diff_by_run_ids(runs: dict[str, str],
         {"section": "config", "key": "derived.env_seeds", "a": "[0, 1]", "b": "[1, 2]"},
         {"section": "config", "key": "seed", "a": "0", "b": "1"},
     ]
+
+
+def test_same_command_same_result_on_a_busy_machine(store: Path) -> None:
+    """The default command (env.vec_env=auto) twice through the CLI while every core is busy:
+    the same backend, identical metric series (wall-clock keys aside), `manifest diff` 0."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+               for _ in range(os.cpu_count() or 2)]
+    try:
+        done = [run_cli("train", *TINY, "tracking.system_metrics=false") for _ in range(2)]
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    for proc in done:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    first, again = (proc.stdout.strip().splitlines()[-1] for proc in done)
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    params = [client.get_run(run_id).data.params for run_id in (first, again)]
+    assert params[0]["env.vec_env"] == "auto"
+    assert params[0]["derived.vec_env"] == params[1]["derived.vec_env"]
+    assert series(first) == series(again)
+    diff = run_cli("manifest", "diff", first, again)
+    assert diff.returncode == 0, diff.stdout + diff.stderr

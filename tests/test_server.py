@@ -295,3 +295,24 @@ def pg_dump(team: TeamServer, database: str) -> str:
         capture_output=True, text=True, check=True, timeout=120,
     )
     return done.stdout
+
+
+@pytest.mark.slow
+def test_training_into_someone_elses_experiment_is_one_line(team_server: TeamServer) -> None:
+    """The team server refuses the run (403): exit 2 in one line, no run, no traceback."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.teamserver import logged_in
+
+    with logged_in("admin", team_server.admin_password):
+        MlflowClient(team_server.url).create_experiment("team-admin-only")
+    done = team_server.cli("train", *TINY, "tracking=server", f"tracking.uri={team_server.url}",
+                           "tracking.experiment=team-admin-only")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.splitlines()[-1] == (
+        f"workbench: error: tracking server {team_server.url}: your login may not create runs "
+        "in experiment 'team-admin-only' (403); ask its owner for EDIT permission, or train "
+        "into your own experiment (tracking.experiment=NAME)")
+    assert "Traceback" not in done.stderr
+    assert psql(team_server, "mlflow", "SELECT r.run_uuid FROM runs r JOIN experiments e ON "
+                "r.experiment_id = e.experiment_id WHERE e.name = 'team-admin-only'") == []

@@ -11,6 +11,7 @@ import pytest
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import TRUNCATION_MARK, resolve_tracking_uri, truncate
 from workbench.tracking.writer import MlflowWriter
+from workbench.training.progress import ConsoleWriter
 
 
 class RecordingClient:
@@ -41,6 +42,23 @@ def test_writer_redates_late_train_keys_to_their_iteration() -> None:
         [("train/approx_kl", 0.02, 256), ("time/update_s", 0.4, 256)],
     ]
     assert writer.calls == 3  # one batched call per dump
+
+
+@pytest.mark.unit
+def test_console_line_of_an_iteration_shows_that_iterations_update(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The same dumps as above: line k carries update k's KL, as MLflow dates it."""
+    console = ConsoleWriter(total_iterations=2)
+    console.write({"rollout/ep_rew_mean": 1.0, "time/iterations": 1}, {}, step=128)
+    assert capsys.readouterr().out == ""  # waits for update 1
+    console.write({"rollout/ep_rew_mean": 2.0, "time/iterations": 2, "train/approx_kl": 0.01,
+                   "time/update_s": 0.5}, {}, step=256)
+    console.write({"train/approx_kl": 0.02, "time/update_s": 0.4}, {}, step=256)
+    assert capsys.readouterr().out.splitlines() == [
+        "it 1/2 | 128 steps | rew 1.0 | kl 0.0100 | upd 0.50s",
+        "it 2/2 | 256 steps | rew 2.0 | kl 0.0200 | upd 0.40s",
+    ]
 
 
 @pytest.mark.unit

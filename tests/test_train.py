@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -131,3 +132,43 @@ def test_python_m_workbench_is_the_same_program() -> None:
     proc = run_cli("--help")
     assert proc.returncode == 0
     assert "train" in proc.stdout and "workbench" in proc.stdout
+
+
+PEAK_PROBE = """
+import sys
+from workbench.training import load_config, train
+result = train(load_config(sys.argv[1:]))
+status = open("/proc/self/status").read()
+print(result.run_id, [int(line.split()[1]) for line in status.splitlines()
+                      if line.startswith("VmHWM")][0] / 1024)
+"""
+
+
+@pytest.mark.parametrize("backend", ["dummy", "subproc"])
+def test_peak_memory_is_the_process_trees(store: Path, backend: str) -> None:
+    """summary/peak_rss_mb against the kernel's own peak of the training process (VmHWM):
+    the same with in-process envs, more with subprocess workers (their memory counts too)."""
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK_PROBE, *TINY, f"env.vec_env={backend}",
+         "tracking.system_metrics=false", "console.iteration_lines=false"],
+        capture_output=True, text=True, timeout=300, env=os.environ)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run_id, vm_hwm = done.stdout.strip().splitlines()[-1].split()
+    metrics = MlflowClient(os.environ["MLFLOW_TRACKING_URI"]).get_run(run_id).data.metrics
+    peak, own = metrics["summary/peak_rss_mb"], float(vm_hwm)
+    if backend == "dummy":
+        assert 0.95 * own <= peak <= own + 1  # VmHWM can only grow after the summary
+    else:
+        assert peak > own  # the workers' resident memory is part of the tree's
+
+
+def test_artifacts_live_beside_a_store_elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    other = tmp_path / "other" / "dir"
+    monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(tmp_path / "experiments"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{other / 'm.db'}")
+    result = train(load_config([*TINY, "tracking.system_metrics=false"]))
+    assert result.artifact_uri.startswith((other / "mlartifacts").as_uri())
+    assert (other / "mlartifacts").is_dir()
+    assert not (tmp_path / "experiments" / "mlartifacts").exists()
+    assert f"artifacts : {result.artifact_uri}" in capsys.readouterr().out  # said in the header

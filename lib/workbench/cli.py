@@ -125,6 +125,14 @@ def setup_ui(parser: argparse.ArgumentParser) -> Runner:
     return ui.run_command
 
 
+def setup_calibrate(parser: argparse.ArgumentParser) -> Runner:
+    """``workbench calibrate [--seconds S] [OVERRIDES]``."""
+    from workbench.envs import calibration
+
+    calibration.add_cli_arguments(parser)
+    return calibration.run_command
+
+
 def setup_server(parser: argparse.ArgumentParser) -> Runner:
     """``workbench server start|stop|status``."""
     from workbench.team import server
@@ -191,6 +199,8 @@ COMMANDS: dict[str, Command] = {
     "sweep": Command("sweep notebooks/train.ipynb over sweep.num_envs x sweep.n_steps x "
                      "sweep.seeds with papermill", setup_sweep),
     "ui": Command("open the MLflow UI on the configured store (127.0.0.1)", setup_ui),
+    "calibrate": Command("measure the vectorization backends for the configured task and "
+                         "show which env.vec_env=auto uses", setup_calibrate),
     "server": Command("team mode: shared MLflow server on PostgreSQL with basic auth: "
                       "server start|stop|status", setup_server),
     "runs": Command("recorded runs: runs copy --from URI --to URI; runs reap; runs sync",

@@ -31,11 +31,6 @@ def default_tracking_uri() -> str:
     return f"sqlite:///{experiments_dir() / 'mlflow.db'}"
 
 
-def artifacts_root() -> Path:
-    """Artifact root of the embedded store ``experiments/mlartifacts``."""
-    return experiments_dir() / "mlartifacts"
-
-
 def reports_dir() -> Path:
     """Where ``workbench report`` writes ``<name>/`` (``WORKBENCH_REPORTS`` moves it)."""
     env = os.environ.get("WORKBENCH_REPORTS")

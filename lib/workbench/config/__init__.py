@@ -22,9 +22,11 @@ from workbench.config.compose import (
 from workbench.config.derived import Derived, derive
 from workbench.config.errors import ConfigError
 from workbench.config.schema import (
+    Activation,
     AlgoConfig,
     CheckpointConfig,
     ConsoleConfig,
+    Device,
     EnvConfig,
     EvalConfig,
     InitConfig,
@@ -32,8 +34,11 @@ from workbench.config.schema import (
     RandomizationConfig,
     RayConfig,
     ReproConfig,
+    Schedule,
     SweepConfig,
+    SweepExecutor,
     TrackingConfig,
+    VecEnvBackend,
     WorkbenchConfig,
     flatten,
     schema_type,
@@ -42,7 +47,8 @@ from workbench.config.schema import (
 )
 
 __all__ = [
-    "GROUPS", "SCHEMA_NAME", "AlgoConfig", "CheckpointConfig", "ConfigError", "ConsoleConfig",
+    "GROUPS", "SCHEMA_NAME", "Activation", "AlgoConfig", "Device", "Schedule", "SweepExecutor",
+    "VecEnvBackend", "CheckpointConfig", "ConfigError", "ConsoleConfig",
     "Derived", "EnvConfig", "EvalConfig", "InitConfig", "PolicyConfig", "RandomizationConfig",
     "RayConfig", "ReproConfig", "SweepConfig", "TrackingConfig", "WorkbenchConfig",
     "check_overrides", "check_values", "compose", "conf_dir", "derive", "flatten", "from_yaml",

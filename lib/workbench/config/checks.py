@@ -8,14 +8,16 @@ the simulator (env ids, env kwargs, randomization, EnvPool support) are
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from workbench.config.errors import ConfigError
-from workbench.config.schema import InitConfig, WorkbenchConfig, choices, schema_type
+from workbench.config.schema import InitConfig, Range, WorkbenchConfig, choices, schema_type
 
 
 def validate(cfg: DictConfig | Mapping[str, Any] | WorkbenchConfig) -> WorkbenchConfig:
@@ -35,23 +37,21 @@ def validate(cfg: DictConfig | Mapping[str, Any] | WorkbenchConfig) -> Workbench
 
 
 def check_values(cfg: WorkbenchConfig) -> None:
-    """Cross-field and range checks a schema cannot express; raises :class:`ConfigError`."""
-    _check_min("env.num_envs", cfg.env.num_envs, 1)
-    _check_min("algo.n_steps", cfg.algo.n_steps, 2)
-    _check_min("algo.batch_size", cfg.algo.batch_size, 2)
-    _check_min("algo.n_epochs", cfg.algo.n_epochs, 1)
-    _check_min("total_timesteps", cfg.total_timesteps, 1)
-    _check_min("eval.n_episodes", cfg.eval.n_episodes, 1)
-    _check_min("eval.final_episodes", cfg.eval.final_episodes, 0)
-    _check_min("eval.every_steps", cfg.eval.every_steps, 0)
-    _check_min("torch_threads", cfg.torch_threads, 0)
-    _check_min("checkpoint.every_steps", cfg.checkpoint.every_steps, 0)
-    _check_min("checkpoint.keep_last", cfg.checkpoint.keep_last, 0)
-    if cfg.algo.learning_rate <= 0:
-        raise ConfigError(
-            f"algo.learning_rate={cfg.algo.learning_rate}: must be > 0 "
-            "(e.g. algo.learning_rate=3e-4)"
-        )
+    """Range and cross-field checks a type cannot express; raises :class:`ConfigError`.
+
+    The ranges are declared next to each field in the schema (``ranged``, ``sizes``): a
+    meaningless value (``algo.gamma=1.5``, ``algo.clip_range=0``, a NaN learning rate, a
+    layer of size 0, ``seed=-1``) stops here with the key, the range and an example.
+    """
+    check_ranges(cfg, "")
+    if not cfg.tracking.experiment.strip():
+        raise ConfigError(f"tracking.experiment={cfg.tracking.experiment!r}: must not be empty "
+                          "(e.g. tracking.experiment=workbench)")
+    p = cfg.algo.policy
+    if (p.squash_output or p.use_expln) and not cfg.algo.use_sde:
+        key = "squash_output" if p.squash_output else "use_expln"
+        raise ConfigError(f"algo.policy.{key}=true: only with gSDE; add algo.use_sde=true or "
+                          f"drop algo.policy.{key}")
     rollout = cfg.env.num_envs * cfg.algo.n_steps
     if cfg.algo.batch_size > rollout:
         raise ConfigError(
@@ -68,6 +68,30 @@ def check_values(cfg: WorkbenchConfig) -> None:
     check_init(cfg.init)
 
 
+def check_ranges(node: Any, prefix: str) -> None:
+    """Every field of ``node`` (a schema dataclass) with a declared range, recursively."""
+    for f in fields(node):
+        value = getattr(node, f.name)
+        key = f"{prefix}{f.name}"
+        if is_dataclass(value):
+            check_ranges(value, f"{key}.")
+        elif "range" in f.metadata and value is not None:
+            check_number(key, value, f.metadata["range"])
+        elif "each" in f.metadata:
+            for item in value:
+                check_number(key, item, f.metadata["each"], shown=list(value))
+
+
+def check_number(key: str, value: float, valid: Range, shown: Any = None) -> None:
+    """``value`` inside ``valid``, else one line naming the key, the range and an example."""
+    if not valid.contains(float(value)):
+        shown = value if shown is None else shown
+        each = "each size " if isinstance(shown, list) else ""
+        finite = "" if math.isfinite(float(value)) else "a finite number "
+        raise ConfigError(f"{key}={shown}: {each}must be {finite}{valid.describe()} "
+                          f"(e.g. {key}={valid.example})")
+
+
 def check_init(init: InitConfig) -> None:
     """A Hub initialization names both the repository and a revision (never a moving default)."""
     if init.hub_repo_id and not init.hub_revision:
@@ -80,11 +104,6 @@ def check_init(init: InitConfig) -> None:
             f"init.hub_revision={init.hub_revision}: set without init.hub_repo_id; add "
             "init.hub_repo_id=<org/name> or drop the revision"
         )
-
-
-def _check_min(key: str, value: int, minimum: int) -> None:
-    if value < minimum:
-        raise ConfigError(f"{key}={value}: must be >= {minimum}")
 
 
 def describe_omegaconf_error(exc: OmegaConfBaseException) -> str:

@@ -14,6 +14,7 @@ schema as it is and ``conf/algo/ppo.yaml`` lists only what the workbench changes
 
 from __future__ import annotations
 
+import math
 import typing
 from collections.abc import Mapping
 from dataclasses import MISSING as NO_FACTORY
@@ -30,7 +31,7 @@ class VecEnvBackend(StrEnum):
     dummy = "dummy"  # one after the other in the learner's process
     subproc = "subproc"  # one process per env copy
     envpool = "envpool"  # EnvPool's C++ threads (extra ``fast``)
-    auto = "auto"  # a short, cached measurement picks one of the above (envs/calibration.py)
+    auto = "auto"  # envpool where it runs the task, else dummy (envs/calibration.py)
 
 
 class Device(StrEnum):
@@ -49,11 +50,15 @@ class Activation(StrEnum):
     elu = "elu"
 
 
-class LrSchedule(StrEnum):
-    """How the learning rate evolves over training (``algo.lr_schedule``)."""
+class Schedule(StrEnum):
+    """How a value evolves over training (``algo.lr_schedule``, ``algo.clip_range_schedule``).
+
+    ``linear`` is rl-baselines3-zoo's ``lin_<value>``: from the configured value down to 0
+    at the end of ``total_timesteps``.
+    """
 
     constant = "constant"
-    linear = "linear"  # decays to 0 over total_timesteps
+    linear = "linear"
 
 
 class SweepExecutor(StrEnum):
@@ -61,6 +66,58 @@ class SweepExecutor(StrEnum):
 
     local = "local"  # threads on this machine, one kernel per point
     ray = "ray"  # tasks on an existing Ray cluster
+
+
+@dataclass(frozen=True)
+class Range:
+    """The valid values of a number field, checked by :mod:`workbench.config.checks`."""
+
+    low: float | None = None
+    high: float | None = None
+    above: bool = False  # ``low`` itself is not valid (``> low`` rather than ``>= low``)
+    example: str = ""  # a valid value for the error message
+
+    def contains(self, value: float) -> bool:
+        """True for a finite ``value`` inside the range."""
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.above else value < self.low):
+            return False
+        return self.high is None or value <= self.high
+
+    def describe(self) -> str:
+        """``>= 1``, ``> 0``, ``in [0, 1]``, ``finite``."""
+        low, high = _number(self.low), _number(self.high)
+        if self.low is not None and self.high is not None:
+            return f"in {'(' if self.above else '['}{low}, {high}]"
+        if self.low is not None:
+            return f"{'>' if self.above else '>='} {low}"
+        return "finite" if self.high is None else f"<= {high}"
+
+
+def _number(value: float | None) -> str:
+    """``1``, ``0.5``, ``4294927295``: integers without a decimal point or an exponent."""
+    if value is None:
+        return ""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def ranged(default: Any, low: float | None = None, high: float | None = None, *,
+           above: bool = False, example: Any) -> Any:
+    """A field with a default and the range its values must lie in (``None`` always passes)."""
+    return field(default=default,
+                 metadata={"range": Range(low, high, above, str(example))})
+
+
+def sizes(*default: int, example: str) -> Any:
+    """A list-of-layer-sizes field; each size must be >= 1."""
+    return field(default_factory=lambda: list(default),
+                 metadata={"each": Range(1, example=example)})
+
+
+# numpy's seeds are 32-bit; evaluation and export seed their envs at seed + 10000 .. 30000
+# (envs/vector.py, deploy/export.py), so the base seed keeps that much headroom.
+SEED_MAX = 2**32 - 1 - 40_000
 
 
 @dataclass
@@ -72,9 +129,11 @@ class RandomizationConfig:
     null leaves that quantity nominal. All-default values mean no wrapper at all.
     """
 
-    obs_noise_std: float = 0.0  # std of Gaussian noise added to observations (obs units)
-    action_noise_std: float = 0.0  # std of Gaussian action noise, fraction of half the range
-    action_delay: int = 0  # actions reach the simulator this many env steps late
+    # std of Gaussian noise added to observations (obs units)
+    obs_noise_std: float = ranged(0.0, 0, example=0.05)
+    # std of Gaussian action noise, fraction of half the action range
+    action_noise_std: float = ranged(0.0, 0, example=0.1)
+    action_delay: int = ranged(0, 0, example=1)  # actions reach the simulator N steps late
     friction: list[float] | None = None  # [low, high] scale of every geom's sliding friction
     mass_scale: list[float] | None = None  # [low, high] scale of every body's mass and inertia
     damping: list[float] | None = None  # [low, high] scale of every joint's damping
@@ -87,26 +146,36 @@ class EnvConfig:
 
     name: str = MISSING  # group option this came from (conf/env/<name>.yaml)
     id: str = MISSING  # gymnasium id, or "module:Id" for an id that module registers
-    num_envs: int = 16  # parallel environment copies; per-env seed = seed + rank
+    # parallel environment copies; per-env seed = seed + rank
+    num_envs: int = ranged(16, 1, example=16)
     vec_env: VecEnvBackend = VecEnvBackend.auto  # the choice is logged as derived.vec_env
     normalize: bool = True  # wrap in SB3's VecNormalize (running obs/return statistics)
     norm_obs: bool = True  # with normalize: normalize observations
     norm_reward: bool = True  # with normalize: scale rewards by the return's running std
-    clip_obs: float = 10.0  # with normalize: clip normalized observations to +-clip_obs
-    max_episode_steps: int | None = None  # None keeps the task's own time limit
+    # with normalize: clip normalized observations to +-clip_obs
+    clip_obs: float = ranged(10.0, 0, above=True, example=10.0)
+    # None keeps the task's own time limit
+    max_episode_steps: int | None = ranged(None, 1, example=1000)
     kwargs: dict[str, Any] = field(default_factory=dict)  # passed to gymnasium.make
     randomization: RandomizationConfig = field(default_factory=RandomizationConfig)  # training
 
 
 @dataclass
 class PolicyConfig:
-    """Actor-critic network (SB3 ``policy_kwargs``)."""
+    """Actor-critic network (SB3 ``policy_kwargs`` of ``MlpPolicy``); SB3's defaults."""
 
-    pi: list[int] = field(default_factory=lambda: [64, 64])  # actor hidden layer sizes
-    vf: list[int] = field(default_factory=lambda: [64, 64])  # critic hidden layer sizes
+    pi: list[int] = sizes(64, 64, example="[64,64]")  # actor hidden layer sizes
+    vf: list[int] = sizes(64, 64, example="[64,64]")  # critic hidden layer sizes
     activation: Activation = Activation.tanh
-    log_std_init: float = 0.0  # initial log std of the Gaussian action distribution
-    ortho_init: bool = True  # orthogonal weight initialization (SB3 default)
+    # initial log std of the Gaussian action distribution
+    log_std_init: float = ranged(0.0, example=-1.0)
+    ortho_init: bool = True  # orthogonal weight initialization
+    share_features_extractor: bool = True  # actor and critic share the features extractor
+    # gSDE only (algo.use_sde): a state-dependent std for every action dimension (else one
+    # per dimension), tanh-squashed actions, and exp-ln instead of exp for the std
+    full_std: bool = True
+    squash_output: bool = False
+    use_expln: bool = False
 
 
 @dataclass
@@ -114,19 +183,32 @@ class AlgoConfig:
     """PPO hyperparameters, named as in stable-baselines3; the defaults are SB3's own."""
 
     name: str = "ppo"  # the algorithm (only PPO so far)
-    n_steps: int = 2048  # steps per environment per rollout; rollout = num_envs * n_steps
-    batch_size: int = 64  # minibatch size
-    n_epochs: int = 10  # passes over each rollout
-    learning_rate: float = 3e-4  # Adam's step size (its initial value with a schedule)
-    lr_schedule: LrSchedule = LrSchedule.constant
-    gamma: float = 0.99  # discount factor
-    gae_lambda: float = 0.95  # GAE's bias/variance trade-off
-    clip_range: float = 0.2  # PPO's clipping of the probability ratio
-    ent_coef: float = 0.0  # entropy bonus in the loss
-    vf_coef: float = 0.5  # value loss weight in the loss
-    max_grad_norm: float = 0.5  # gradient clipping
-    target_kl: float | None = None  # stop an update's epochs early above this KL
+    # steps per environment per rollout; rollout = num_envs * n_steps
+    n_steps: int = ranged(2048, 2, example=2048)
+    batch_size: int = ranged(64, 2, example=64)  # minibatch size
+    n_epochs: int = ranged(10, 1, example=10)  # passes over each rollout
+    # Adam's step size (the initial value with a schedule)
+    learning_rate: float = ranged(3e-4, 0, above=True, example=3e-4)
+    lr_schedule: Schedule = Schedule.constant
+    gamma: float = ranged(0.99, 0, 1, example=0.99)  # discount factor
+    gae_lambda: float = ranged(0.95, 0, 1, example=0.95)  # GAE's bias/variance trade-off
+    # PPO's clipping of the probability ratio (the initial value with a schedule)
+    clip_range: float = ranged(0.2, 0, above=True, example=0.2)
+    clip_range_schedule: Schedule = Schedule.constant
+    # clipping of the value function's change; None: not clipped
+    clip_range_vf: float | None = ranged(None, 0, above=True, example=0.2)
+    ent_coef: float = ranged(0.0, 0, example=0.01)  # entropy bonus in the loss
+    vf_coef: float = ranged(0.5, 0, example=0.5)  # value loss weight in the loss
+    max_grad_norm: float = ranged(0.5, 0, above=True, example=0.5)  # gradient clipping
+    # stop an update's epochs early above this approximate KL; None: never
+    target_kl: float | None = ranged(None, 0, above=True, example=0.02)
     normalize_advantage: bool = True  # standardize advantages per minibatch
+    # generalized State-Dependent Exploration instead of unstructured Gaussian noise
+    use_sde: bool = False
+    # with use_sde: sample a new noise matrix every N steps (-1: only at the rollout's start)
+    sde_sample_freq: int = ranged(-1, -1, example=4)
+    # episodes averaged in rollout/ep_rew_mean and rollout/ep_len_mean
+    stats_window_size: int = ranged(100, 1, example=100)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
 
@@ -135,10 +217,11 @@ class TrackingConfig:
     """Where runs are recorded. ``MLFLOW_TRACKING_URI`` wins over ``uri`` (MLflow's convention)."""
 
     uri: str | None = None  # None: embedded SQLite store experiments/mlflow.db
-    experiment: str = "workbench"  # MLflow experiment name
+    experiment: str = "workbench"  # MLflow experiment name (not empty)
     run_name: str | None = None  # None: derived from env, num_envs, n_steps and seed
     system_metrics: bool = True  # MLflow's built-in CPU/memory/GPU sampler
-    system_metrics_interval_s: float = 10.0  # seconds between samples (MLflow's default)
+    # seconds between samples (MLflow's default)
+    system_metrics_interval_s: float = ranged(10.0, 0, above=True, example=10)
     tags: dict[str, str] = field(default_factory=dict)  # extra run tags
 
 
@@ -146,9 +229,10 @@ class TrackingConfig:
 class EvalConfig:
     """Deterministic evaluation on a separate environment copy."""
 
-    every_steps: int = 0  # evaluate during training every N env steps (0: only at the end)
-    n_episodes: int = 5  # episodes per evaluation during training
-    final_episodes: int = 10  # episodes of the final evaluation
+    # evaluate during training every N env steps (0: only at the end)
+    every_steps: int = ranged(0, 0, example=10000)
+    n_episodes: int = ranged(5, 1, example=5)  # episodes per evaluation during training
+    final_episodes: int = ranged(10, 0, example=10)  # episodes of the final evaluation
     # Evaluation's own randomization, independent of env.randomization (default: the nominal
     # task), so a sweep can train under one setting and measure robustness under another.
     randomization: RandomizationConfig = field(default_factory=RandomizationConfig)
@@ -173,8 +257,9 @@ class RayConfig:
 class CheckpointConfig:
     """Checkpoints in the run's artifacts (``checkpoints/step-<N>/``), for ``resume=<run_id>``."""
 
-    every_steps: int = 50_000  # write one every N env steps (0: only at the end, on stop/failure)
-    keep_last: int = 3  # newest checkpoints kept in the run's artifacts (0: keep all)
+    # write one every N env steps (0: only at the end, on stop/failure)
+    every_steps: int = ranged(50_000, 0, example=50000)
+    keep_last: int = ranged(3, 0, example=3)  # newest checkpoints kept in the run (0: all)
 
 
 @dataclass
@@ -187,9 +272,10 @@ class SweepConfig:
     n_steps: list[int] = field(default_factory=lambda: [128, 256])
     seeds: list[int] = field(default_factory=lambda: [0])
     iso_batch: int | None = None  # keep num_envs * n_steps == iso_batch (n_steps derived)
-    workers: int = 2  # concurrent points; each gets cores / workers CPUs
+    workers: int = ranged(2, 1, example=2)  # concurrent points; each gets cores / workers CPUs
     executor: SweepExecutor = SweepExecutor.local
-    timeout: float | None = None  # seconds per point (kernel start included); None: no limit
+    # seconds per point (kernel start included); None: no limit
+    timeout: float | None = ranged(None, 0, above=True, example=3600)
     overrides: list[str] = field(default_factory=list)  # extra overrides for every point
     ray: RayConfig = field(default_factory=RayConfig)  # with executor=ray
 
@@ -209,6 +295,7 @@ class InitConfig:
 
     hub_repo_id: str | None = None  # e.g. my-org/halfcheetah-ppo; None: fresh initialization
     hub_revision: str | None = None  # commit sha or tag (required with hub_repo_id); logged
+    # resolved to its commit as the param init.hub_commit
 
 
 @dataclass
@@ -225,10 +312,12 @@ class WorkbenchConfig:
     init: InitConfig = field(default_factory=InitConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     experiment_name: str | None = None  # the experiment= preset this came from, if any
-    total_timesteps: int = 100_000  # environment steps to train for
-    seed: int = 0  # base seed: torch, numpy, and env rank r gets seed + r
-    device: Device = Device.auto
-    torch_threads: int = 0  # torch intra-op threads for the learner; 0: chosen from cores
+    total_timesteps: int = ranged(100_000, 1, example=100000)  # environment steps to train
+    # base seed: torch, numpy, and env rank r gets seed + r
+    seed: int = ranged(0, 0, SEED_MAX, example=0)
+    device: Device = Device.auto  # cuda only where torch sees a CUDA device
+    # torch intra-op threads for the learner; 0: chosen from the cores
+    torch_threads: int = ranged(0, 0, example=1)
     resume: str | None = None  # MLflow run id: continue that run from its last checkpoint
 
 

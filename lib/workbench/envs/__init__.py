@@ -1,7 +1,7 @@
 """Environments: gymnasium MuJoCo tasks and the workbench's robots behind SB3's VecEnv.
 
     vector.py         make_envs / make_eval_env: the training and evaluation VecEnvs
-    calibration.py    env.vec_env=auto: the backend chosen from a measurement
+    calibration.py    env.vec_env=auto's rule; workbench calibrate measures the backends
     envpool_vec.py    EnvPool's C++ MuJoCo tasks as an SB3 VecEnv (extra ``fast``)
     guards.py         named worker crashes and NaN/inf checks around every VecEnv
     randomization.py  domain randomization wrappers (noise, delay, physics ranges)

@@ -1,53 +1,41 @@
-"""``env.vec_env=auto``: pick dummy / subproc / envpool from a short, cached measurement.
+"""``env.vec_env=auto``: the backend chosen by a documented rule, and ``workbench calibrate``.
 
-Which vectorization is fastest depends on the task's step cost, the number of envs and the
-cores, so ``auto`` measures instead of guessing: it steps each candidate backend with random
-actions for a fraction of a second (``SAMPLE_SECONDS``) and keeps the fastest, unless it beats
-the simplest one (``dummy``: one process, easiest to debug) by less than ``MARGIN``. The result
-is cached per machine, task, ``num_envs``, core budget and library versions
-(``~/.cache/workbench/vec_env.json``; ``WORKBENCH_CALIBRATION_CACHE`` moves it), so only the
-first run of a setting pays the ~1 s. A calibration measured while the machine was already
-busy (1-minute load average at least 1 + half the core budget: more than this run and its
-predecessor) is used but not cached: other processes slow the threaded backends more than
-``dummy``, and the next run on an idle machine should not inherit that choice. The choice is
-logged as ``derived.vec_env`` with the measured rates in ``derived.vec_env_rates``.
+The same command on the same machine must give the same numbers whatever the machine's load,
+and the backend changes the numbers (EnvPool's reset noise differs from gymnasium's), so
+``auto`` is decided by a rule, never by a timing:
 
-Candidates, as measured by ``benchmarks/physics.py`` on 2 shared cores (docs/benchmarks.md):
+- ``envpool`` when it is installed and runs the task as configured (one of its gymnasium
+  MuJoCo tasks, kwargs it knows, no ``env.randomization``): its C++ threads step without
+  Python per env step, about twice ``dummy``'s rate on 2 cores and more with more cores
+  (``benchmarks/physics.py``, docs/benchmarks.md);
+- ``dummy`` otherwise: one process, the easiest to debug. ``subproc`` (one process per env,
+  pipes in between) is never chosen by ``auto``: it pays only for expensive steps on spare
+  cores, which a user pins with ``env.vec_env=subproc`` after measuring.
 
-- ``dummy``: envs stepped one by one in the learner's process; Python overhead per step
-  dominates (HalfCheetah ~0.2 of the physics limit).
-- ``envpool`` (optional extra ``fast``): C++ threads, no Python per env step; about twice
-  ``dummy``'s rate on 2 cores and more with more cores. Considered when installed and the task
-  is one of its MuJoCo tasks.
-- ``subproc``: one process per env, pipes in between. It only pays when there are cores to
-  spare beyond the learner's and each step is expensive, so it is measured only with at least
-  ``SUBPROC_MIN_CORES`` cores (on 2 cores it trained slower than ``dummy``: docs/benchmarks.md).
+The choice is logged as the param ``derived.vec_env``, with the reason in the run's header.
+``workbench calibrate`` measures on purpose: it steps each candidate backend with random
+actions for a fraction of a second and prints the table, so a user can pin a faster backend
+(:func:`calibrate`; rates are timings, so they are printed, never logged as params).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
-import json
-import os
-import platform
 import time
-from dataclasses import dataclass, field, replace
-from importlib import metadata
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from workbench import console
+from workbench.config import ConfigError, load_config
 from workbench.envs import envpool_vec
 from workbench.envs.backends import build_backend
 from workbench.envs.cores import cpu_budget
 from workbench.envs.spec import EnvSpec
 
 SAMPLE_SECONDS = 0.3  # stepping time per measured backend (after a short warm-up)
-MARGIN = 1.15  # a backend other than dummy must be this much faster to be chosen
-SUBPROC_MIN_CORES = 3  # below this, the learner and the workers fight over the cores
-CACHE_VERSION = 2  # 2: entries from before the busy-machine rule may have been measured under load
-BUSY_FRACTION = 0.5  # load average / core budget from which a calibration is not cached
 
 
 @dataclass(frozen=True)
@@ -55,86 +43,43 @@ class VecEnvChoice:
     """The vectorization a run uses and why."""
 
     name: str  # dummy | subproc | envpool
-    reason: str  # one line, for the header and the params
-    rates: dict[str, float] = field(default_factory=dict)  # measured env-steps/s per backend
-    cached: bool = False  # the rates came from the cache
+    reason: str  # one line, for the header
 
     def params(self) -> dict[str, Any]:
-        """MLflow params: ``derived.vec_env`` and, after a calibration, the measured rates."""
-        params: dict[str, Any] = {"derived.vec_env": self.name}
-        if self.rates:
-            params["derived.vec_env_rates"] = ", ".join(
-                f"{name} {rate:.0f}/s" for name, rate in sorted(self.rates.items())
-            )
-        return params
+        """MLflow params: ``derived.vec_env`` (a decision, the same for the same command)."""
+        return {"derived.vec_env": self.name}
 
 
-def choose_vec_env(spec: EnvSpec, budget: int | None = None) -> VecEnvChoice:
-    """Resolve ``spec.vec_env``: explicit choices pass through, ``auto`` is calibrated."""
+def choose_vec_env(spec: EnvSpec) -> VecEnvChoice:
+    """Resolve ``spec.vec_env``: explicit choices pass through, ``auto`` follows the rule."""
     if spec.vec_env != "auto":
         return VecEnvChoice(spec.vec_env, "set in the config")
-    budget = budget or cpu_budget()
-    names = candidates(spec, budget)
-    if names == ["dummy"]:
-        return VecEnvChoice("dummy", "auto: dummy is the only candidate here (no measurement)")
-    key = cache_key(spec, budget)
-    cache = load_cache()
-    rates = cache.get(key)
-    cached = rates is not None
-    source = "cached calibration"
-    if rates is None:
-        load = busy_load(budget)
-        rates = calibrate(spec, names)
-        if not rates:  # the env failed to step: training will report it inside its run
-            return VecEnvChoice("dummy", "auto: calibration failed, dummy chosen")
-        source = "calibration"
-        if load is None:
-            cache[key] = rates
-            save_cache(cache)
-        else:
-            source = f"calibration (not cached: load average {load:.1f} on {budget} cores)"
-    name = decide(rates)
-    shown = ", ".join(f"{k} {v:.0f}" for k, v in sorted(rates.items()))
-    return VecEnvChoice(name, f"auto: {source} env-steps/s {shown}", dict(rates), cached)
+    why_not = envpool_vec.unsupported_reason(spec.env_id, spec.kwargs, spec.randomization)
+    if why_not is None:
+        return VecEnvChoice("envpool", f"auto: EnvPool runs {spec.env_id}")
+    return VecEnvChoice("dummy", f"auto: dummy ({why_not})")
 
 
-def busy_load(budget: int) -> float | None:
-    """The 1-minute load average when other work already occupies the cores, else None."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:  # not available on this platform: assume idle
-        return None
-    return load if load >= 1.0 + BUSY_FRACTION * budget else None
+def resolve_spec(spec: EnvSpec) -> EnvSpec:
+    """``spec`` with ``vec_env=auto`` replaced by the rule's choice."""
+    return replace(spec, vec_env=choose_vec_env(spec).name)
 
 
-def resolve_spec(spec: EnvSpec, budget: int | None = None) -> EnvSpec:
-    """``spec`` with ``vec_env=auto`` replaced by the calibrated choice."""
-    return replace(spec, vec_env=choose_vec_env(spec, budget).name)
-
-
-def decide(rates: dict[str, float]) -> str:
-    """The fastest backend, unless it beats ``dummy`` by less than ``MARGIN``."""
-    best = max(rates, key=lambda name: rates[name])
-    if best != "dummy" and rates[best] < MARGIN * rates.get("dummy", 0.0):
-        return "dummy"
-    return best
-
-
-def candidates(spec: EnvSpec, budget: int) -> list[str]:
-    """Backends worth measuring for this task, env count and core budget."""
+def candidates(spec: EnvSpec) -> list[str]:
+    """Backends worth measuring for this task and env count."""
     names = ["dummy"]
     if envpool_vec.unsupported_reason(spec.env_id, spec.kwargs, spec.randomization) is None:
         names.append("envpool")
-    if budget >= SUBPROC_MIN_CORES and spec.num_envs >= 2:
+    if spec.num_envs >= 2:
         names.append("subproc")
     return names
 
 
-def calibrate(spec: EnvSpec, names: list[str]) -> dict[str, float]:
+def calibrate(spec: EnvSpec, names: list[str], seconds: float = SAMPLE_SECONDS
+              ) -> dict[str, float]:
     """Random-action stepping rate (env-steps/s) of each named backend.
 
-    A backend that fails to build or step is left out: ``auto`` must never be the reason a
-    run does not start (a broken env then fails inside its run, recorded as FAILED).
+    A backend that fails to build or step is left out (its error surfaces when a run uses it).
     """
     rates: dict[str, float] = {}
     for name in names:
@@ -143,7 +88,7 @@ def calibrate(spec: EnvSpec, names: list[str]) -> dict[str, float]:
         except Exception:
             continue
         try:
-            rates[name] = stepping_rate(venv, SAMPLE_SECONDS)
+            rates[name] = stepping_rate(venv, seconds)
         except Exception:
             pass
         finally:
@@ -154,66 +99,56 @@ def calibrate(spec: EnvSpec, names: list[str]) -> dict[str, float]:
 
 def stepping_rate(venv: Any, seconds: float, warmup_steps: int = 5) -> float:
     """Env-steps per second of ``venv`` under uniformly random actions."""
-    space = venv.action_space
     rng = np.random.default_rng(0)
-    shape = (venv.num_envs, *space.shape)
     venv.reset()
     for _ in range(warmup_steps):
-        venv.step(rng.uniform(space.low, space.high, shape).astype(space.dtype))
+        venv.step(random_actions(venv, rng))
     steps = 0
     started = time.perf_counter()
     elapsed = 0.0
     while elapsed < seconds:
-        venv.step(rng.uniform(space.low, space.high, shape).astype(space.dtype))
+        venv.step(random_actions(venv, rng))
         steps += 1
         elapsed = time.perf_counter() - started
     return steps * venv.num_envs / elapsed
 
 
-# --------------------------------------------------------------------------- cache
+def random_actions(venv: Any, rng: np.random.Generator) -> np.ndarray:
+    """One uniformly random action per env copy (Box or Discrete action spaces)."""
+    space = venv.action_space
+    if hasattr(space, "n"):
+        return rng.integers(0, int(space.n), size=venv.num_envs)
+    shape = (venv.num_envs, *space.shape)
+    return rng.uniform(space.low, space.high, shape).astype(space.dtype)
 
 
-def cache_path() -> Path:
-    """Where calibrations are kept: ``WORKBENCH_CALIBRATION_CACHE`` or the user cache dir."""
-    explicit = os.environ.get("WORKBENCH_CALIBRATION_CACHE")
-    if explicit:
-        return Path(explicit)
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "workbench" / "vec_env.json"
+# --------------------------------------------------------------------------- workbench calibrate
 
 
-def cache_key(spec: EnvSpec, budget: int) -> str:
-    """Everything the rates depend on: machine, task, env count, cores, library versions."""
-    versions = ",".join(f"{p}={_version(p)}" for p in ("gymnasium", "mujoco", "envpool"))
-    kwargs = json.dumps(spec.kwargs or {}, sort_keys=True, default=str)
-    return (
-        f"v{CACHE_VERSION}|{platform.node()}|{platform.processor() or platform.machine()}|"
-        f"{spec.env_id}|n={spec.num_envs}|max_steps={spec.max_episode_steps}|kwargs={kwargs}|"
-        f"cores={budget}|rand={spec.randomization!r}|{versions}"
-    )
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    """``workbench calibrate [--seconds S] [OVERRIDES]``."""
+    parser.add_argument("--seconds", type=float, default=1.0, metavar="S",
+                        help="stepping time per backend (default 1.0)")
+    parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
+                        help="Hydra overrides choosing the task, e.g. env=hopper env.num_envs=8")
 
 
-def load_cache() -> dict[str, dict[str, float]]:
-    """The cached calibrations; an unreadable cache counts as empty (it is only a cache)."""
-    try:
-        data = json.loads(cache_path().read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def save_cache(cache: dict[str, dict[str, float]]) -> None:
-    """Write atomically (concurrent sweep points may calibrate at once); failures are ignored."""
-    path = cache_path()
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
-        os.replace(tmp, path)
-
-
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "none"
+def run_command(args: argparse.Namespace) -> int:
+    """Measure every candidate backend for the configured task and print the table."""
+    if not args.seconds > 0:
+        raise ConfigError(f"--seconds {args.seconds:g}: must be > 0 (e.g. --seconds 1)")
+    spec = EnvSpec.from_config(load_config(args.overrides))
+    rates = calibrate(spec, candidates(spec), args.seconds)
+    auto = choose_vec_env(replace(spec, vec_env="auto"))
+    base = rates.get("dummy")
+    rows = [(name, f"{rate:,.0f} env-steps/s" + (f"  ({rate / base:.2f} x dummy)" if base else ""))
+            for name, rate in sorted(rates.items(), key=lambda item: -item[1])]
+    rows += [("auto", auto.reason),
+             ("cores", f"{cpu_budget()} (WORKBENCH_CPU_BUDGET or the physical cores)")]
+    console.print_table(rows, title=f"Backends for {spec.env_id} x {spec.num_envs} envs "
+                        f"({args.seconds:g} s each, random actions)")
+    fastest = max(rates, key=lambda name: rates[name]) if rates else None
+    if fastest and fastest != auto.name:
+        print(f"{fastest} stepped fastest here; pin it with env.vec_env={fastest} (timings vary "
+              "with the machine's load: auto never depends on them)")
+    return 0

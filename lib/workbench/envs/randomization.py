@@ -69,12 +69,7 @@ def physics_ranges(settings: RandomizationConfig) -> dict[str, tuple[float, floa
 
 def check_settings(prefix: str, settings: RandomizationConfig, env_id: str) -> None:
     """Reject impossible settings with the key's name (:class:`ConfigError`), before any run."""
-    for key in ("obs_noise_std", "action_noise_std"):
-        value = getattr(settings, key)
-        if not (math.isfinite(value) and value >= 0):
-            raise ConfigError(f"{prefix}.{key}={value}: must be a finite number >= 0")
-    if settings.action_delay < 0:
-        raise ConfigError(f"{prefix}.action_delay={settings.action_delay}: must be >= 0 steps")
+    # noise and delay ranges are the schema's (config/checks.py)
     for key in PHYSICS_KEYS:
         value = getattr(settings, key)
         if value is None:
@@ -92,11 +87,15 @@ def check_settings(prefix: str, settings: RandomizationConfig, env_id: str) -> N
 
 
 def is_mujoco_task(env_id: str) -> bool:
-    """Whether the registered entry point of ``env_id`` is a ``MujocoEnv`` (no env is built)."""
+    """Whether the registered entry point of ``env_id`` is a ``MujocoEnv`` (no env is built).
+
+    ``module:Id`` (gymnasium's form for ids a module registers, imported by the env checks
+    before this runs) is looked up by its bare id.
+    """
     from gymnasium.envs.mujoco import MujocoEnv
     from gymnasium.envs.registration import load_env_creator
 
-    entry_point: Any = gymnasium.envs.registry[env_id].entry_point
+    entry_point: Any = gymnasium.envs.registry[env_id.rpartition(":")[2]].entry_point
     if isinstance(entry_point, str):
         entry_point = load_env_creator(entry_point)
     return isinstance(entry_point, type) and issubclass(entry_point, MujocoEnv)

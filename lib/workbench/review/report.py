@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from workbench import paths
 from workbench.config import ConfigError, load_config
 from workbench.review.diagnostics import Thresholds
-from workbench.tracking.store import is_embedded, resolve_tracking_uri
+from workbench.tracking.redaction import redact_uri
+from workbench.tracking.store import check_server, is_embedded, resolve_tracking_uri
 
 if TYPE_CHECKING:  # mlflow and matplotlib load on use: `workbench --help` stays fast
     from mlflow.tracking import MlflowClient
@@ -123,13 +124,16 @@ def open_report(
 
 
 def open_store(uri: str) -> MlflowClient:
-    """A client for an existing store; a missing embedded store is bad input (nothing created)."""
+    """A client for an existing store; a missing embedded store or a server that does not
+    answer is bad input (nothing created)."""
     from mlflow.tracking import MlflowClient
-
 
     if is_embedded(uri):
         db = Path(uri.removeprefix("sqlite:///"))
         if not db.is_file():
-            raise ConfigError(f"tracking store {uri}: no such database; train or sweep first, "
-                              "or set MLFLOW_TRACKING_URI / tracking.uri to the team's store")
+            raise ConfigError(f"tracking store {redact_uri(uri)}: no such database; train or "
+                              "sweep first, or set MLFLOW_TRACKING_URI / tracking.uri to the "
+                              "team's store")
+    else:
+        check_server(uri)
     return MlflowClient(tracking_uri=uri)

@@ -27,7 +27,7 @@ from workbench.config import ConfigError, load_config
 from workbench.tracking import outbox
 from workbench.tracking.outbox import HEARTBEAT_TAG
 from workbench.tracking.redaction import redact_uri
-from workbench.tracking.store import resolve_tracking_uri
+from workbench.tracking.store import check_server, resolve_tracking_uri
 
 HEARTBEAT_INTERVAL_S = 10.0
 DEFAULT_STALE_AFTER_S = 300.0
@@ -110,6 +110,7 @@ def reap_stale_runs(
     that. Heartbeats use the training machine's clock.
     """
     uri = tracking_uri or resolve_tracking_uri(None)
+    check_server(uri)
     client = MlflowClient(tracking_uri=uri)
     sync_outboxes(uri)
     now = time.time() if now is None else now

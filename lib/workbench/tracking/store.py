@@ -1,4 +1,10 @@
-"""The MLflow store: which one (URI resolution), a client for it, experiments, params, tags."""
+"""The MLflow store: which one (URI resolution), a client for it, experiments, params, tags.
+
+A store that cannot be used is bad input, found before anything is created: a tracking server
+that does not answer (one short request, not MLflow's minutes of retries), a SQLite store in a
+directory that cannot be written or a file that is not a SQLite database (left untouched).
+Artifacts of an embedded store live beside it (``<store dir>/mlartifacts``).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,13 @@ import fcntl
 import math
 import os
 import re
+import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from mlflow.entities import Param, RunTag
 from mlflow.tracking import MlflowClient
@@ -19,11 +29,12 @@ from workbench.config import ConfigError
 from workbench.tracking.redaction import redact_uri
 
 # MLflow's limits (mlflow.utils.validation): params per batch and value length.
-# MLflow's limits (mlflow.utils.validation): params per batch and value length.
 MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_VALUE_LENGTH = 6000
 MAX_TAG_VALUE_LENGTH = 8000
 TRUNCATION_MARK = "...[truncated]"
+SERVER_TIMEOUT_S = 5.0  # one /health request; an unreachable server fails well within 10 s
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 
 
 def resolve_tracking_uri(configured: str | None) -> str:
@@ -37,7 +48,8 @@ def is_embedded(uri: str) -> bool:
 
 
 def make_client(uri: str) -> MlflowClient:
-    """A client for ``uri``; creates and migrates the embedded store if needed.
+    """A client for ``uri`` once it is known to be usable; creates and migrates the embedded
+    store if needed (:class:`ConfigError` naming the store and the fix otherwise).
 
     MLflow creates and migrates a SQLite database on a client's first request; two processes
     doing that at once on a fresh database fail with ``duplicate column name`` (two runs
@@ -45,13 +57,70 @@ def make_client(uri: str) -> MlflowClient:
     store that first request is made here, under :func:`_creation_lock`.
     """
     if not is_embedded(uri):
+        check_server(uri)
         return MlflowClient(tracking_uri=uri)
     db_path = Path(uri.removeprefix("sqlite:///"))
-    db_path.parent.mkdir(parents=True, exist_ok=True)
+    check_sqlite_store(uri, db_path)
     with _creation_lock(db_path):
         client = MlflowClient(tracking_uri=uri)
         client.search_experiments(max_results=1)
     return client
+
+
+def check_server(uri: str, timeout_s: float = SERVER_TIMEOUT_S) -> None:
+    """One request to the tracking server's ``/health``: it answers, or one line says so.
+
+    MLflow's own client retries a connection for minutes before it gives up; this asks once.
+    A server that answers at all (even 401/403: its auth app guards the API) is usable here;
+    the login is checked by the first real request (:func:`get_experiment_or_explain`).
+    """
+    if urlsplit(uri).scheme not in ("http", "https"):
+        return  # databricks://, file stores: nothing to ask
+    url = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s):  # noqa: S310 (http(s) only)
+            return
+    except urllib.error.HTTPError:
+        return  # it answered
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ConfigError(
+            f"tracking server {redact_uri(uri)}: not reachable ({reason}); start it (workbench "
+            "server start) or point MLFLOW_TRACKING_URI / tracking.uri at one that runs"
+        ) from None
+
+
+def check_sqlite_store(uri: str, db_path: Path) -> None:
+    """The store's directory can be written and its file, if any, is a SQLite database.
+
+    Nothing is created or modified when a check fails; the directory is created otherwise.
+    """
+    shown = redact_uri(uri)
+    if db_path.exists() and db_path.stat().st_size:
+        with db_path.open("rb") as handle:
+            header = handle.read(len(SQLITE_HEADER))
+        if header != SQLITE_HEADER:
+            raise ConfigError(
+                f"tracking store {shown}: {db_path.name} is not a SQLite database (corrupt or "
+                "another file); move it away, or point MLFLOW_TRACKING_URI / tracking.uri at "
+                "another store"
+            )
+    try:
+        db_path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=db_path.parent, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError(
+            f"tracking store {shown}: its directory {db_path.parent} cannot be written "
+            f"({reason}); fix its permissions or point MLFLOW_TRACKING_URI / tracking.uri at a "
+            "writable place"
+        ) from None
+
+
+def artifacts_root(uri: str) -> Path:
+    """Where an embedded store's runs keep their artifacts: ``mlartifacts`` beside the file."""
+    return Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts"
 
 
 @contextlib.contextmanager
@@ -78,7 +147,7 @@ def ensure_experiment(client: MlflowClient, name: str, uri: str) -> str:
     location = None
     if is_embedded(uri):
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
-        location = (paths.artifacts_root() / slug).as_uri()
+        location = (artifacts_root(uri) / slug).as_uri()
     try:
         return client.create_experiment(name, artifact_location=location)
     except Exception:

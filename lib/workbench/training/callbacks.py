@@ -6,11 +6,14 @@ console) in the same dump as SB3's own keys.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import resource
 import time
 from collections.abc import Sequence
 from typing import Any
 
+import psutil
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecEnv, sync_envs_normalization
@@ -151,3 +154,64 @@ def reward_component_callbacks(venv: VecEnv) -> list[BaseCallback]:
     """``[RewardComponentsCallback]`` when the env declares reward components, else ``[]``."""
     names = reward_component_names(venv)
     return [RewardComponentsCallback(names)] if names else []
+
+
+class MemoryPeak(BaseCallback):
+    """Peak resident memory of the training process tree: this process and its env workers.
+
+    The tree's RSS (psutil) is sampled at rollout ends, at most every ``every_s`` seconds, and
+    at training end; this process's own peak is the kernel's (``VmHWM``, ``ru_maxrss``), so a
+    short spike between samples is not missed where it matters most. (The peaks of reaped
+    children are not added: ``RUSAGE_CHILDREN`` is the largest child ever, not a sum, and
+    counts helpers that ended long before training.)
+    """
+
+    def __init__(self, every_s: float = 1.0) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self.peak_bytes = 0
+        self.sampled_at = -math.inf
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        if time.monotonic() - self.sampled_at >= self.every_s:
+            self.sample()
+
+    def _on_training_end(self) -> None:
+        self.sample()
+
+    def sample(self) -> None:
+        """Add the tree's current RSS to the peak."""
+        self.sampled_at = time.monotonic()
+        self.peak_bytes = max(self.peak_bytes, tree_rss_bytes())
+
+    @property
+    def peak_mb(self) -> float:
+        """The peak in MiB: the sampled tree's, or this process's own peak if higher."""
+        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        return max(self.peak_bytes, own) / 2**20
+
+
+def tree_rss_bytes() -> int:
+    """Memory of this process and all its descendants now, shared pages counted once.
+
+    Each process's proportional set size (PSS: a shared page split among its users) where
+    the kernel reports it: subprocess workers forked from one server share most of their
+    pages (torch, MuJoCo), which a plain RSS sum would count once per worker.
+    """
+    me = psutil.Process()
+    total = 0
+    for process in (me, *me.children(recursive=True)):
+        with contextlib.suppress(psutil.Error):  # a worker that just exited
+            total += proportional_bytes(process)
+    return total
+
+
+def proportional_bytes(process: psutil.Process) -> int:
+    """PSS of ``process`` (Linux), else its RSS."""
+    try:
+        return int(process.memory_full_info().pss)
+    except (AttributeError, psutil.AccessDenied):  # no pss on this platform / not ours
+        return int(process.memory_info().rss)

@@ -73,6 +73,7 @@ def header_lines(
     run_id: str,
     run_name: str,
     vec_choice: VecEnvChoice | None = None,
+    artifact_uri: str | None = None,
 ) -> dict[str, Any]:
     """What the run is about to do, printed once before training."""
     cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
@@ -91,4 +92,5 @@ def header_lines(
         "device": f"{model.device} (torch threads {threads}; GPU: {cuda})",
         "tracking": f"{redact_uri(uri)}  experiment {cfg.tracking.experiment!r}",
         "run": f"{run_name}  ({run_id})",
+        **({"artifacts": artifact_uri} if artifact_uri else {}),
     }

@@ -27,18 +27,19 @@ from typing import Any
 
 import torch
 from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import VecEnv
 
 from workbench import config
-from workbench.config import Derived, WorkbenchConfig
+from workbench.config import ConfigError, Derived, WorkbenchConfig
 from workbench.envs.calibration import VecEnvChoice, choose_vec_env
 from workbench.envs.cores import auto_torch_threads
 from workbench.envs.spec import EnvSpec
 from workbench.tracking import manifest
 from workbench.tracking.outbox import DeliveryClient
-from workbench.tracking.redaction import scrub, scrub_command, scrub_yaml
+from workbench.tracking.redaction import redact_uri, scrub, scrub_command, scrub_yaml
 from workbench.tracking.runs import check_experiments_writable
 from workbench.tracking.store import (
     ensure_experiment,
@@ -181,10 +182,8 @@ class TrainingRun:
 def open_run(setup: RunSetup, start: Start) -> Iterator[TrainingRun]:
     """Create (or reopen) the run, own it, and end it with a truthful status."""
     store = setup.client
-    if start.resumed:  # the same run continues (workbench/training/resume.py)
-        run = start.resumed.run
-    else:
-        run = store.create_run(setup.experiment_id, run_name=setup.run_name, tags=setup.tags)
+    # a resumed run continues as itself (workbench/training/resume.py)
+    run = start.resumed.run if start.resumed else create_run(setup)
     run_id = run.info.run_id
     writer: MlflowClient = store  # until the outbox exists, status writes go to the store
     training: TrainingRun | None = None
@@ -222,6 +221,21 @@ def open_run(setup: RunSetup, start: Start) -> Iterator[TrainingRun]:
         stop_system_metrics(monitor)
         if isinstance(writer, DeliveryClient):
             writer.close()  # drains the outbox (workbench/tracking/outbox.py)
+
+
+def create_run(setup: RunSetup) -> Run:
+    """The new MLflow run; a store that refuses it (403) is bad input: nothing was created."""
+    try:
+        return setup.client.create_run(setup.experiment_id, run_name=setup.run_name,
+                                       tags=setup.tags)
+    except MlflowException as exc:
+        if exc.error_code != "PERMISSION_DENIED":
+            raise
+        raise ConfigError(
+            f"tracking server {redact_uri(setup.uri)}: your login may not create runs in "
+            f"experiment {setup.cfg.tracking.experiment!r} (403); ask its owner for EDIT "
+            "permission, or train into your own experiment (tracking.experiment=NAME)"
+        ) from None
 
 
 def close_envs(*venvs: VecEnv | None) -> None:

@@ -21,11 +21,11 @@ import numpy as np
 import torch
 from mlflow.tracking import MlflowClient
 from stable_baselines3 import PPO
-from stable_baselines3.common.utils import get_linear_fn
+from stable_baselines3.common.utils import LinearSchedule
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
 from workbench import config
-from workbench.config import WorkbenchConfig
+from workbench.config import Schedule, WorkbenchConfig
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_eval_env
 from workbench.tracking import manifest
@@ -36,37 +36,51 @@ ACTIVATIONS = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU, "elu": torch.nn.ELU
 
 
 def build_model(cfg: WorkbenchConfig, train_env: VecEnv) -> PPO:
-    """SB3 PPO with the configured hyperparameters and network."""
-    a = cfg.algo
-    lr: Any = a.learning_rate
-    if a.lr_schedule == "linear":
-        lr = get_linear_fn(a.learning_rate, 0.0, 1.0)
-    policy_kwargs = {
-        "net_arch": {"pi": list(a.policy.pi), "vf": list(a.policy.vf)},
-        "activation_fn": ACTIVATIONS[a.policy.activation],
-        "log_std_init": a.policy.log_std_init,
-        "ortho_init": a.policy.ortho_init,
+    """SB3 PPO with the configured hyperparameters, network and exploration (every key of
+    ``algo.*`` is one of PPO's constructor arguments or of its ``MlpPolicy``'s)."""
+    a, p = cfg.algo, cfg.algo.policy
+    policy_kwargs: dict[str, Any] = {
+        "net_arch": {"pi": list(p.pi), "vf": list(p.vf)},
+        "activation_fn": ACTIVATIONS[p.activation],
+        "log_std_init": p.log_std_init,
+        "ortho_init": p.ortho_init,
+        "share_features_extractor": p.share_features_extractor,
     }
+    if a.use_sde:  # SB3 accepts these only with gSDE
+        policy_kwargs.update(full_std=p.full_std, squash_output=p.squash_output,
+                             use_expln=p.use_expln)
     return PPO(
         "MlpPolicy",
         train_env,
-        learning_rate=lr,
+        learning_rate=scheduled(a.learning_rate, a.lr_schedule),
         n_steps=a.n_steps,
         batch_size=a.batch_size,
         n_epochs=a.n_epochs,
         gamma=a.gamma,
         gae_lambda=a.gae_lambda,
-        clip_range=a.clip_range,
+        clip_range=scheduled(a.clip_range, a.clip_range_schedule),
+        clip_range_vf=a.clip_range_vf,
         ent_coef=a.ent_coef,
         vf_coef=a.vf_coef,
         max_grad_norm=a.max_grad_norm,
         target_kl=a.target_kl,
         normalize_advantage=a.normalize_advantage,
+        use_sde=a.use_sde,
+        sde_sample_freq=a.sde_sample_freq,
+        stats_window_size=a.stats_window_size,
         policy_kwargs=policy_kwargs,
         seed=cfg.seed,
-        device=cfg.device,
+        device=str(cfg.device),
         verbose=0,
     )
+
+
+def scheduled(value: float, schedule: Schedule) -> Any:
+    """``value`` itself, or SB3's linear schedule from ``value`` to 0 over training (the zoo's
+    ``lin_<value>``: SB3 calls it with the remaining progress, 1 -> 0)."""
+    if schedule == Schedule.linear:
+        return LinearSchedule(value, 0.0, 1.0)
+    return value
 
 
 def save_model(

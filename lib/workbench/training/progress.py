@@ -14,6 +14,7 @@ from stable_baselines3.common.logger import KVWriter
 from tqdm.auto import tqdm
 
 from workbench.console import format_value
+from workbench.tracking.writer import LATE_PREFIXES
 
 # (logger key, label, format) of the per-iteration line.
 LINE_FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -31,12 +32,16 @@ LINE_FIELDS: tuple[tuple[str, str, str], ...] = (
 class ConsoleWriter(KVWriter):
     """SB3 logger output printing one concise line per PPO iteration (above the progress bar).
 
-    ``train/*`` and ``time/update_s`` shown on a line are those of the latest update.
+    SB3 dumps the logger after a rollout and before that iteration's update, so the update's
+    ``train/*`` and ``time/update_s`` values arrive with the next dump (or the closing dump at
+    training end). The line of iteration k is printed when they do: every value on it,
+    KL and clip fraction included, is iteration k's (as :class:`MlflowWriter` dates them).
     """
 
     def __init__(self, total_iterations: int) -> None:
         self.total_iterations = total_iterations
-        self.latest: dict[str, Any] = {}
+        self.pending: dict[str, Any] | None = None  # iteration k's own values, awaiting update k
+        self.pending_step = 0
 
     def write(
         self,
@@ -44,19 +49,29 @@ class ConsoleWriter(KVWriter):
         key_excluded: dict[str, tuple[str, ...]],
         step: int = 0,
     ) -> None:
-        self.latest.update(key_values)
-        if "time/iterations" not in key_values:
-            return  # the closing dump with the last update's values: the summary shows them
-        parts = [f"it {key_values['time/iterations']}/{self.total_iterations}", f"{step} steps"]
+        update = {k: v for k, v in key_values.items() if k.startswith(LATE_PREFIXES)}
+        if self.pending is not None:
+            self.print_line({**self.pending, **update}, self.pending_step)
+            self.pending = None
+        if "time/iterations" in key_values:
+            self.pending = {k: v for k, v in key_values.items() if k not in update}
+            self.pending_step = step
+
+    def print_line(self, values: dict[str, Any], step: int) -> None:
+        """``it k/N | steps | rew | len | ent | kl | clip | fps | roll | upd | eval``."""
+        parts = [f"it {values['time/iterations']}/{self.total_iterations}", f"{step} steps"]
         for key, label, fmt in LINE_FIELDS:
-            if key in self.latest:
-                parts.append(f"{label} {format_value(self.latest[key], fmt)}")
-        if "eval/mean_reward" in key_values:
-            parts.append(f"eval {format_value(key_values['eval/mean_reward'], '{:.1f}')}")
+            if key in values:
+                parts.append(f"{label} {format_value(values[key], fmt)}")
+        if "eval/mean_reward" in values:
+            parts.append(f"eval {format_value(values['eval/mean_reward'], '{:.1f}')}")
         tqdm.write(" | ".join(parts))
 
     def close(self) -> None:
-        """Nothing to release."""
+        """A line still waiting for its update (training stopped early) is printed as it is."""
+        if self.pending is not None:
+            self.print_line(self.pending, self.pending_step)
+            self.pending = None
 
 
 class ProgressBarCallback(BaseCallback):

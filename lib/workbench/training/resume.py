@@ -33,7 +33,7 @@ from workbench import config
 from workbench.config import ConfigError, WorkbenchConfig
 from workbench.tracking import outbox, runs
 from workbench.tracking.redaction import redact_uri
-from workbench.tracking.store import is_embedded, resolve_tracking_uri
+from workbench.tracking.store import is_embedded, make_client, resolve_tracking_uri
 from workbench.training.checkpoint import CorruptCheckpoint, download, stored_checkpoints
 
 # Keys a resume may set (prefixes end at a dot boundary). Everything else must match the run.
@@ -103,7 +103,7 @@ def find(run_id: str, uri: str) -> ResumePoint:
     """
     if is_embedded(uri) and not Path(uri.removeprefix("sqlite:///")).exists():
         raise not_found(run_id, uri)
-    client = MlflowClient(tracking_uri=uri)
+    client = make_client(uri)
     try:
         run = client.get_run(run_id)
     except MlflowException as exc:

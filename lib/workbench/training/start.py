@@ -14,11 +14,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from omegaconf import DictConfig
 from stable_baselines3.common.vec_env import VecEnv
 
 from workbench import config
-from workbench.config import WorkbenchConfig
+from workbench.config import ConfigError, Device, WorkbenchConfig
 from workbench.envs.checks import check_config
 from workbench.envs.spec import EnvSpec
 from workbench.tracking.outbox import DeliveryClient
@@ -44,14 +45,26 @@ def load_config(overrides: Sequence[str] = ()) -> WorkbenchConfig:
     cfg = resume_config(composed, overrides) if composed.get("resume") else config.validate(
         composed)
     check_config(cfg)
+    check_device(cfg)
     return cfg
 
 
 def validate(cfg: WorkbenchConfig | DictConfig | Mapping[str, Any]) -> WorkbenchConfig:
-    """The config layer's validation plus the environment checks (exit code 2 on failure)."""
+    """The config layer's validation plus the environment and device checks (exit code 2)."""
     typed = config.validate(cfg)
     check_config(typed)
+    check_device(typed)
     return typed
+
+
+def check_device(cfg: WorkbenchConfig) -> None:
+    """``device=cuda`` only where torch sees a CUDA device: never a silent CPU run."""
+    if cfg.device == Device.cuda and not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ConfigError(
+            f"device=cuda: torch {torch.__version__} ({build}) sees no CUDA device here; use "
+            "device=auto or device=cpu, or install a CUDA build of torch (docs/gpu-servers.md)"
+        )
 
 
 @dataclass

@@ -9,7 +9,6 @@ call this function; nothing forks it.
 
 from __future__ import annotations
 
-import resource
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +25,12 @@ from workbench.config import WorkbenchConfig
 from workbench.envs.vector import make_envs, make_eval_env
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.writer import MlflowWriter
-from workbench.training.callbacks import IterationCallback, evaluate, reward_component_callbacks
+from workbench.training.callbacks import (
+    IterationCallback,
+    MemoryPeak,
+    evaluate,
+    reward_component_callbacks,
+)
 from workbench.training.describe import header_lines
 from workbench.training.faults import UpdateCheck
 from workbench.training.lifecycle import open_run, setup_run
@@ -82,17 +86,17 @@ def train(
         start.initialize(model, train_env)  # a Hub bundle's weights
         console.print_header(header_lines(cfg, setup.derived, model, setup.torch_threads,
                                           setup.uri, run.run_id, setup.run_name,
-                                          setup.vec_choice))
+                                          setup.vec_choice, run.run.info.artifact_uri))
         model.set_logger(build_logger(run.client, run.run_id, cfg, setup.derived.iterations))
         recovery = run.checkpoints(cfg, train_env, eval_env, start.checkpoint_steps())
         start.restore(model, train_env, eval_env, run.client)  # a resumed run's state
-        started = time.perf_counter()
+        memory, started = MemoryPeak(), time.perf_counter()
         run.learn(model, cfg.total_timesteps,
-                  [*build_callbacks(cfg, train_env, eval_env), *callbacks, recovery],
+                  [*build_callbacks(cfg, train_env, eval_env), memory, *callbacks, recovery],
                   resumed=start.resumed is not None)
         wall = time.perf_counter() - started
         mean, std = evaluate(model, train_env, eval_env, cfg.eval.final_episodes)
-        summary = summarize(mean, std, model.num_timesteps, wall)
+        summary = summarize(mean, std, model.num_timesteps, wall, memory.peak_mb)
         log_summary(run.client, run.run_id, summary, model.num_timesteps)
         save_model(run.client, run.run_id, cfg, model, train_env, run.manifest)
     result = TrainResult(
@@ -133,7 +137,8 @@ def build_callbacks(cfg: WorkbenchConfig, train_env: VecEnv, eval_env: VecEnv) -
     return callbacks
 
 
-def summarize(mean: float, std: float, num_timesteps: int, wall_s: float) -> dict[str, float]:
+def summarize(mean: float, std: float, num_timesteps: int, wall_s: float, peak_rss_mb: float
+              ) -> dict[str, float]:
     """The final evaluation and the run's summary figures (``summary/*``)."""
     return {
         "eval/mean_reward": mean,
@@ -142,7 +147,7 @@ def summarize(mean: float, std: float, num_timesteps: int, wall_s: float) -> dic
         "summary/eval_std_reward": std,
         "summary/fps": num_timesteps / wall_s,
         "summary/wall_time_s": wall_s,
-        "summary/peak_rss_mb": peak_rss_mb(),
+        "summary/peak_rss_mb": peak_rss_mb,  # the training process tree
     }
 
 
@@ -150,13 +155,6 @@ def log_summary(client: MlflowClient, run_id: str, values: Mapping[str, float], 
     """Log the final evaluation and summary figures in one batch."""
     now = int(time.time() * 1000)
     client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in values.items()])
-
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process and its (reaped) children, in MiB."""
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return (own + children) / 1024.0  # ru_maxrss is in KiB on Linux
 
 
 def print_result(result: TrainResult) -> None:

@@ -101,7 +101,6 @@ class MiniDuckEnv(MujocoEnv):
         self.min_height = float(min_height)
         self.min_upright = float(min_upright)
         self.reset_noise_scale = float(reset_noise_scale)
-        rendering.check_display(render_mode)
         if render_mode in ("rgb_array", "depth_array"):
             rendering.prefer_offscreen_backend()
         super().__init__(
@@ -174,7 +173,14 @@ class MiniDuckEnv(MujocoEnv):
         return self._get_obs()
 
     def render(self) -> Any:
-        """A frame (``rgb_array``/``depth_array``) or a window (``human``); see ``rendering``."""
+        """A frame (``rgb_array``/``depth_array``) or a window (``human``); see ``rendering``.
+
+        A ``human`` env builds, resets and steps on a headless machine too (gymnasium's
+        ``check_env`` passes): without a display there is no window, which one warning says.
+        """
+        if self.render_mode == "human" and not rendering.has_display():
+            rendering.warn_no_display()
+            return None
         return rendering.render_or_explain(lambda: super(MiniDuckEnv, self).render())
 
     # ------------------------------------------------------------------ model quantities

@@ -10,7 +10,9 @@ whatever still fails into one line saying what to install or set.
 
 from __future__ import annotations
 
+import functools
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -35,13 +37,19 @@ def prefer_offscreen_backend() -> None:
         os.environ["MUJOCO_GL"] = "egl"
 
 
-def check_display(render_mode: str | None) -> None:
-    """Refuse ``render_mode="human"`` without a display: GLFW would abort the process."""
-    if render_mode == "human" and not os.environ.get("DISPLAY"):
-        raise RenderingUnavailable(
-            "render_mode='human' needs a display (DISPLAY is not set); use "
-            "render_mode='rgb_array' for off-screen frames"
-        )
+def has_display() -> bool:
+    """True when a window can be opened (an X display is set)."""
+    return bool(os.environ.get("DISPLAY"))
+
+
+NO_DISPLAY = ("render_mode='human' needs a display (DISPLAY is not set): no window is shown; "
+              "use render_mode='rgb_array' for off-screen frames")
+
+
+@functools.cache
+def warn_no_display() -> None:
+    """Say once per process that a ``human`` env has no window (GLFW would abort without one)."""
+    warnings.warn(NO_DISPLAY, RuntimeWarning, stacklevel=3)
 
 
 def render_or_explain(render: Callable[[], Any]) -> Any:
