@@ -25,8 +25,8 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import KVWriter
 
 from workbench.config import ConfigError
-from workbench.tracking.redaction import redact_uri
 from workbench.tracking.writer import LATE_PREFIXES, numeric_items
+from workbench.training.trainer import summary_rows
 
 if TYPE_CHECKING:
     import pandas
@@ -329,17 +329,5 @@ def summary_frame(result: TrainResult) -> pandas.DataFrame:
     """The run's summary as a two-column table (rendered as HTML by Jupyter)."""
     import pandas
 
-    rows = [
-        ("MLflow run id", result.run_id),
-        ("run name", result.run_name),
-        ("status", result.status),
-        ("steps", result.num_timesteps),
-        ("final eval reward (deterministic)",
-         f"{result.eval_mean_reward:.1f} +- {result.eval_std_reward:.1f}"),
-        ("fps", f"{result.fps:.0f}"),
-        ("wall time", f"{result.wall_time_s:.1f} s"),
-        ("peak RSS", f"{result.peak_rss_mb:.0f} MiB"),
-        ("artifacts", result.artifact_uri),
-        ("tracking", redact_uri(result.tracking_uri)),
-    ]
+    rows = summary_rows(result)
     return pandas.DataFrame(rows, columns=["", "value"]).set_index("")

@@ -84,10 +84,22 @@ def palette(labels: Sequence[str]) -> dict[str, str]:
 
 
 def png_bytes(fig: Figure) -> bytes:
-    """The figure as PNG."""
+    """The figure as PNG, every text drawn as written (see :func:`plain_text`)."""
+    plain_text(fig)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight", facecolor="white")
     return buffer.getvalue()
+
+
+def plain_text(fig: Figure) -> None:
+    """Turn mathtext off for every text of ``fig``.
+
+    Labels, legends and titles carry run names, tags and params: data from the store. With
+    mathtext on, a ``$`` in them is parsed as TeX, and a value such as ``$\\undefined{$``
+    makes the whole report fail; the figures use no mathtext of their own.
+    """
+    for text in fig.findobj(matplotlib.text.Text):
+        text.set_parse_math(False)
 
 
 def new_figure(panels: int, rows: int = 1) -> tuple[Figure, list[Axes]]:

@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import tempfile
+import urllib.parse
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -311,6 +312,22 @@ def sweep_description(parent: Run) -> str:
             f"{parent.info.status}.")
 
 
+def check_ui_url(url: str) -> str:
+    """``url`` if it can be the base of run links: ``http(s)://host[...]``, no credentials.
+
+    Every link of the report starts with it, so another scheme (``javascript:``, ``data:``,
+    ``file:``) or a ``user:password@`` part would be written into each one.
+    """
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"--ui-url {url!r}: not an http(s) URL; give the MLflow UI's address, "
+                          f"e.g. {DEFAULT_UI_URL}")
+    if parts.username or parts.password:
+        raise ConfigError(f"--ui-url {redact_uri(url)}: holds a user name or password, which "
+                          "every link would carry; give the address without them")
+    return url
+
+
 def build_report(
     client: MlflowClient,
     selection: Selection = Selection(),  # noqa: B008  (frozen, so a shared default is safe)
@@ -323,6 +340,8 @@ def build_report(
 ) -> Report:
     """Select, load and analyse runs; render the figures (unless not wanted). Writes nothing."""
     thresholds = thresholds or Thresholds()
+    ui_url = check_ui_url(ui_url)
+    store = redact_uri(store)  # it is quoted in messages and on the page
     selection, found, parent = find_runs(client, selection, store)
     runs = [load_run(client, run) for run in found]
     diagnosed = {r.run_id: diagnostics.diagnose(r.metrics, r.budget, thresholds) for r in runs}
@@ -339,7 +358,7 @@ def build_report(
         name=name,
         title=f"Report: {selection.describe()}",
         selection=selection.describe(),
-        store=redact_uri(store),
+        store=store,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         ui_url=ui_url,
         description=description,

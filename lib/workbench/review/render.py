@@ -10,17 +10,26 @@ from __future__ import annotations
 import base64
 import html
 import math
+import re
 import shutil
 import tempfile
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # mlflow and matplotlib load on use: `workbench --help` stays fast
-    pass
 from workbench.review.records import EnvironmentFacts, FigureFile, Report
+
+# Characters with a meaning in Markdown (CommonMark and GitHub's: links, emphasis, code, tables,
+# math, strikethrough) that run data may contain; each is written backslash-escaped. ``<``,
+# ``>`` and ``&`` become HTML entities instead: renderers that pass HTML through (wikis,
+# pull requests) then show a run named ``<script>`` as text.
+MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]()#!|~${}])")
+MARKDOWN_LINE_START = re.compile(r"^(\s*)([-+=]|\d+(?=\.))")  # a list item or a rule
+# Characters kept as they are in a link target; everything else is percent-encoded, so a
+# ``)`` or a space in an id from the store cannot end the link and start another.
+URL_SAFE = ":/#?&=%@+,;~.-_!*'"
 
 
 @dataclass(frozen=True)
@@ -220,9 +229,14 @@ a { color: #0a5ad4; }
 """
 
 
+def link_target(url: str) -> str:
+    """``url`` with every character outside :data:`URL_SAFE` percent-encoded."""
+    return urllib.parse.quote(url, safe=URL_SAFE)
+
+
 def html_cell(cell: Cell) -> str:
     if isinstance(cell, Link):
-        return f'<a href="{html.escape(cell.url)}">{html.escape(cell.text)}</a>'
+        return f'<a href="{html.escape(link_target(cell.url))}">{html.escape(cell.text)}</a>'
     if isinstance(cell, list):
         return " ".join(html_cell(c) for c in cell)
     return html.escape(cell)
@@ -276,15 +290,23 @@ def html_table(b: Block) -> str:
 
 def md_cell(cell: Cell) -> str:
     if isinstance(cell, Link):
-        return f"[{md_escape(cell.text)}]({cell.url})"
+        return f"[{md_escape(cell.text)}]({link_target(cell.url)})"
     if isinstance(cell, list):
         return " ".join(md_cell(c) for c in cell)
     return md_escape(cell)
 
 
 def md_escape(text: str) -> str:
-    """Text safe inside a Markdown table cell."""
-    return text.replace("|", "\\|").replace("\n", " ")
+    """Text shown as written by any Markdown renderer, on one line (table cells included).
+
+    Every text of a report may hold run data (names, tags, params, descriptions), so all of
+    it is escaped: no link, image, emphasis, code span, math or HTML can come from a run.
+    """
+    text = " ".join(text.splitlines())
+    text = html.escape(text, quote=False)
+    text = MARKDOWN_SPECIAL.sub(r"\\\1", text)
+    return MARKDOWN_LINE_START.sub(lambda m: m[1] + (m[2] + "\\" if m[2].isdigit()
+                                                     else "\\" + m[2]), text)
 
 
 def render_markdown(blocks: Sequence[Block]) -> str:
@@ -293,18 +315,19 @@ def render_markdown(blocks: Sequence[Block]) -> str:
     marks = {"h1": "#", "h2": "##", "h3": "###"}
     for b in blocks:
         if b.kind in marks:
-            lines += [f"{marks[b.kind]} {b.text}", ""]
+            lines += [f"{marks[b.kind]} {md_escape(b.text)}", ""]
         elif b.kind == "p":
-            lines += [b.text, ""]
+            lines += [md_escape(b.text), ""]
         elif b.kind in ("table", "card"):
             if b.kind == "card":
-                lines += [f"### {b.text}", ""]
+                lines += [f"### {md_escape(b.text)}", ""]
             lines.append("| " + " | ".join(md_escape(h) for h in b.headers) + " |")
             lines.append("|" + "---|" * len(b.headers))
             lines += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in b.rows]
             lines.append("")
         elif b.kind == "figure" and b.figure is not None:
-            lines += [f"![{b.figure.title}]({b.figure.filename})", "", f"*{b.text}*", ""]
+            lines += [f"![{md_escape(b.figure.title)}]({link_target(b.figure.filename)})", "",
+                      f"*{md_escape(b.text)}*", ""]
     return "\n".join(lines)
 
 

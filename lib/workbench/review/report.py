@@ -26,7 +26,13 @@ from workbench.tracking.store import check_server, is_embedded, resolve_tracking
 
 if TYPE_CHECKING:  # mlflow and matplotlib load on use: `workbench --help` stays fast
     from mlflow.tracking import MlflowClient
-from workbench.review.records import DEFAULT_UI_URL, NAME_PATTERN, Report, build_report
+from workbench.review.records import (
+    DEFAULT_UI_URL,
+    NAME_PATTERN,
+    Report,
+    build_report,
+    check_ui_url,
+)
 from workbench.review.render import write_report
 from workbench.review.selection import Selection
 
@@ -44,7 +50,7 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only runs with this tag (repeatable)")
     parser.add_argument("--name", help="folder under reports/ (default: from the selection)")
     parser.add_argument("--out", type=Path, help="parent folder (default: reports/)")
-    parser.add_argument("--ui-url", default=DEFAULT_UI_URL,
+    parser.add_argument("--ui-url", default=DEFAULT_UI_URL, type=ui_url,
                         help=f"MLflow UI base for run links (default {DEFAULT_UI_URL})")
     group = parser.add_argument_group("diagnostic thresholds")
     defaults = Thresholds()
@@ -63,6 +69,14 @@ def non_empty(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError("empty value; give an id or a name")
     return text
+
+
+def ui_url(text: str) -> str:
+    """``--ui-url``: an http(s) address without credentials (:func:`check_ui_url`)."""
+    try:
+        return check_ui_url(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--ui-url ")) from exc
 
 
 def run_ids(text: str) -> tuple[str, ...]:

@@ -21,10 +21,6 @@ if TYPE_CHECKING:  # mlflow and matplotlib load on use: `workbench --help` stays
 
 SWEEP_ID, SWEEP_ROLE, SWEEP_POINT = "sweep_id", "sweep.role", "sweep.point"  # sweep run tags
 
-if TYPE_CHECKING:  # mlflow and matplotlib load on use: `workbench --help` stays fast
-    from mlflow.entities import Run
-    from mlflow.tracking import MlflowClient
-
 
 @dataclass(frozen=True)
 class Selection:
@@ -41,9 +37,10 @@ class Selection:
         if len(given) > 1:
             raise ConfigError(f"{' and '.join(given)}: give only one of --sweep, --experiment, "
                               "--runs (add --tag KEY=VALUE to narrow any of them)")
-        for key, value in [(SWEEP_ID, self.sweep_id or ""), *self.tags.items()]:
-            if "'" in key + value or "`" in key:
-                raise ConfigError(f"{key}={value!r}: quotes are not allowed in selectors")
+
+    def required_tags(self) -> dict[str, str]:
+        """Every tag a selected run must carry (the sweep id included)."""
+        return {**({SWEEP_ID: self.sweep_id} if self.sweep_id else {}), **self.tags}
 
     @property
     def is_empty(self) -> bool:
@@ -97,8 +94,24 @@ def all_experiment_ids(client: MlflowClient) -> list[str]:
 
 
 def tag_filter(tags: Mapping[str, str]) -> list[str]:
-    """MLflow filter clauses for exact tag matches (dotted names quoted with backticks)."""
-    return [f"tags.`{k}` = '{v}'" for k, v in tags.items()]
+    """MLflow filter clauses for the exact tag matches MLflow's filter syntax can express.
+
+    Tag names are quoted with backticks and values with single quotes, or double quotes when
+    the value holds a single quote; MLflow has no escape for the rest (a backtick in a name, a
+    value with both quotes), so those matches are left to :func:`has_tags` on the results:
+    tags come from runs, and one odd value must neither break the query nor block a report.
+    """
+    clauses = []
+    for key, value in tags.items():
+        quote = next((q for q in "'\"" if q not in value), None)
+        if "`" not in key and quote is not None:
+            clauses.append(f"tags.`{key}` = {quote}{value}{quote}")
+    return clauses
+
+
+def has_tags(run: Run, tags: Mapping[str, str]) -> bool:
+    """True when ``run`` carries every tag of ``tags`` with exactly that value."""
+    return all(run.data.tags.get(k) == v for k, v in tags.items())
 
 
 def sweep_parents(client: MlflowClient, experiment_ids: Sequence[str]) -> list[Run]:
@@ -145,7 +158,7 @@ def find_runs(client: MlflowClient, selection: Selection, store: str
                 "--experiment NAME or --runs ID,ID"
             )
         selection = Selection(sweep_id=sweep_id)
-    clauses = tag_filter(selection.tags)
+    required = selection.required_tags()
     parent: Run | None = None
     if selection.experiment:
         found = client.get_experiment_by_name(selection.experiment)
@@ -154,14 +167,12 @@ def find_runs(client: MlflowClient, selection: Selection, store: str
             raise ConfigError(f"--experiment {selection.experiment}: no such experiment in "
                               f"{store}; experiments: {names or 'none'}")
         experiment_ids = [found.experiment_id]
-    if selection.sweep_id:
-        clauses.append(f"tags.`{SWEEP_ID}` = '{selection.sweep_id}'")
     if selection.run_ids:
         runs = [get_run(client, run_id, store) for run_id in selection.run_ids]
-        runs = [r for r in runs if all(r.data.tags.get(k) == v for k, v in selection.tags.items())]
     else:
-        runs = search_all(client, experiment_ids, " and ".join(clauses),
+        runs = search_all(client, experiment_ids, " and ".join(tag_filter(required)),
                           ["attributes.start_time ASC"])
+    runs = [r for r in runs if has_tags(r, required)]
     parents = [r for r in runs if r.data.tags.get(SWEEP_ROLE) == "parent"]
     parent = parents[0] if parents and selection.sweep_id else None
     runs = [r for r in runs if r.data.tags.get(SWEEP_ROLE) != "parent"]

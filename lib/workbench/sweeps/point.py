@@ -25,6 +25,7 @@ from mlflow.tracking import MlflowClient
 from workbench import paths
 from workbench.sweeps.plan import NOTEBOOK, Point, SweepPlan
 from workbench.sweeps.store import child_filter, search_all
+from workbench.tracking.redaction import scrub_command
 from workbench.tracking.store import (
     truncate,
 )
@@ -342,7 +343,7 @@ def point_runs(client: MlflowClient, spec: PointSpec, status: str | None = None,
 def close_runs(client: MlflowClient, runs: Iterable[Run], status: str, error: str) -> None:
     """Terminate runs with ``status`` and the error in their ``error`` tag."""
     for run in runs:
-        client.set_tag(run.info.run_id, "error", truncate(error, 5000))
+        client.set_tag(run.info.run_id, "error", truncate(scrub_command(error), 5000))
         client.set_terminated(run.info.run_id, status)
 
 
@@ -364,7 +365,7 @@ def settle_runs(client: MlflowClient, spec: PointSpec, started: float, error: st
         return client.get_run(runs[0].info.run_id)
     tags = {**spec.tags, "sweep_id": spec.sweep_id, "sweep.role": "child",
             "sweep.point": spec.point, "mlflow.parentRunId": spec.parent_run_id,
-            "error": truncate(error, 5000)}
+            "error": truncate(scrub_command(error), 5000)}
     run = client.create_run(spec.experiment_id, run_name=spec.point, tags=tags)
     client.set_terminated(run.info.run_id, status)
     return client.get_run(run.info.run_id)

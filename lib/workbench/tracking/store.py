@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient
 
 from workbench import paths
 from workbench.config import ConfigError
-from workbench.tracking.redaction import redact_uri
+from workbench.tracking.redaction import redact_uri, remote_without_credentials
 
 # MLflow's limits (mlflow.utils.validation): params per batch and value length.
 MAX_PARAMS_PER_BATCH = 100
@@ -35,6 +35,11 @@ MAX_TAG_VALUE_LENGTH = 8000
 TRUNCATION_MARK = "...[truncated]"
 SERVER_TIMEOUT_S = 5.0  # one /health request; an unreachable server fails well within 10 s
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+
+# When a run on a tracking server ends, MLflow prints "View run <name> at: <url>" with the
+# URI's user:password in the URL. The workbench prints its own, redacted, lines instead; the
+# variable is inherited by sweep kernels and workers.
+os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
 
 
 def resolve_tracking_uri(configured: str | None) -> str:
@@ -76,7 +81,8 @@ def check_server(uri: str, timeout_s: float = SERVER_TIMEOUT_S) -> None:
     """
     if urlsplit(uri).scheme not in ("http", "https"):
         return  # databricks://, file stores: nothing to ask
-    url = uri.rstrip("/") + "/health"
+    # /health needs no login, and urllib cannot parse a URI's user:password part.
+    url = remote_without_credentials(uri).rstrip("/") + "/health"
     try:
         with urllib.request.urlopen(url, timeout=timeout_s):  # noqa: S310 (http(s) only)
             return

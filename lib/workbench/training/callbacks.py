@@ -202,10 +202,16 @@ def tree_rss_bytes() -> int:
     pages (torch, MuJoCo), which a plain RSS sum would count once per worker.
     """
     me = psutil.Process()
-    total = 0
-    for process in (me, *me.children(recursive=True)):
+    total = proportional_bytes(me)
+    own_command = me.cmdline()
+    for process in me.children(recursive=True):
         with contextlib.suppress(psutil.Error):  # a worker that just exited
-            total += proportional_bytes(process)
+            # A child still running this program is a fork that has not exec'd yet (e.g. the
+            # manifest's ``git``, started by ``subprocess`` with vfork): it shares this
+            # process's pages, and a vfork child's PSS is the whole shared address space.
+            # Env workers come from the forkserver and run its command line instead.
+            if process.cmdline() != own_command:
+                total += proportional_bytes(process)
     return total
 
 

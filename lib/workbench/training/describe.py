@@ -92,5 +92,5 @@ def header_lines(
         "device": f"{model.device} (torch threads {threads}; GPU: {cuda})",
         "tracking": f"{redact_uri(uri)}  experiment {cfg.tracking.experiment!r}",
         "run": f"{run_name}  ({run_id})",
-        **({"artifacts": artifact_uri} if artifact_uri else {}),
+        **({"artifacts": redact_uri(artifact_uri)} if artifact_uri else {}),
     }

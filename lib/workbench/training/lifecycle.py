@@ -100,7 +100,7 @@ def setup_run(cfg: WorkbenchConfig, start: Start, *, tags: Mapping[str, str] | N
         experiment_id=experiment_id,
         env_spec=replace(EnvSpec.from_config(cfg), vec_env=vec_choice.name),
         vec_choice=vec_choice, torch_threads=threads,
-        run_name=cfg.tracking.run_name or default_run_name(cfg), tags=run_tags,
+        run_name=scrub(cfg.tracking.run_name or default_run_name(cfg)), tags=run_tags,
     )
 
 

@@ -157,24 +157,23 @@ def log_summary(client: MlflowClient, run_id: str, values: Mapping[str, float], 
     client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in values.items()])
 
 
+def summary_rows(result: TrainResult) -> list[tuple[str, object]]:
+    """The final summary: what the console prints and the notebook shows as a table."""
+    return [
+        ("run id", result.run_id),
+        ("run name", result.run_name),
+        ("status", result.status),
+        ("steps", result.num_timesteps),
+        ("final eval reward",
+         f"{result.eval_mean_reward:.1f} +- {result.eval_std_reward:.1f} (deterministic)"),
+        ("fps", f"{result.fps:.0f} steps/s"),
+        ("wall time", f"{result.wall_time_s:.1f} s"),
+        ("peak memory", f"{result.peak_rss_mb:.0f} MiB (PSS of the process tree)"),
+        ("artifacts", redact_uri(result.artifact_uri)),
+        ("tracking", redact_uri(result.tracking_uri)),
+    ]
+
+
 def print_result(result: TrainResult) -> None:
     """The final summary table."""
-    console.print_table(
-        [
-            ("run id", result.run_id),
-            ("run name", result.run_name),
-            ("status", result.status),
-            ("steps", result.num_timesteps),
-            (
-                "final eval reward",
-                f"{result.eval_mean_reward:.1f} +- {result.eval_std_reward:.1f} "
-                "(deterministic)",
-            ),
-            ("fps", f"{result.fps:.0f} steps/s"),
-            ("wall time", f"{result.wall_time_s:.1f} s"),
-            ("peak RSS", f"{result.peak_rss_mb:.0f} MiB"),
-            ("artifacts", result.artifact_uri),
-            ("tracking", redact_uri(result.tracking_uri)),
-        ],
-        title="Training summary",
-    )
+    console.print_table(summary_rows(result), title="Training summary")
