@@ -441,8 +441,8 @@ def gpu_health(metrics: Mapping[str, Series]) -> GpuHealth | None:
 
     temperatures = [t for g in per_gpu.values() if (t := fact(g, "temperature_celsius"))
                     is not None]
-    peaks = [float(np.max(s.values[np.isfinite(s.values)])) for g in per_gpu.values()
-             if (s := g.get("temperature_celsius")) is not None and np.isfinite(s.values).any()]
+    peaks = [float(np.max(h.values[np.isfinite(h.values)])) for g in per_gpu.values()
+             if (h := g.get("temperature_celsius")) is not None and np.isfinite(h.values).any()]
     clocks = [(c, m) for g in per_gpu.values()
               if (c := fact(g, "sm_clock_mhz")) is not None
               and (m := fact(g, "sm_clock_max_mhz"))]

@@ -60,15 +60,16 @@ class GpuThermalMonitor(BaseMetricsMonitor):
     def collect_metrics(self) -> None:
         nvml = self.nvml
         for i, handle in enumerate(self.handles):
-            self._sample(f"gpu_{i}_temperature_celsius",
-                         lambda h=handle: nvml.nvmlDeviceGetTemperature(h, NVML_TEMPERATURE_GPU))
-            self._sample(f"gpu_{i}_sm_clock_mhz",
-                         lambda h=handle: nvml.nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM))
-            self._sample(f"gpu_{i}_sm_clock_max_mhz",
-                         lambda h=handle: nvml.nvmlDeviceGetMaxClockInfo(h, NVML_CLOCK_SM))
-            if self.reasons is None:
-                continue
-            reasons = self._read(lambda h=handle: self.reasons(h))  # type: ignore[misc]
+            readings = {
+                "temperature_celsius": (nvml.nvmlDeviceGetTemperature, NVML_TEMPERATURE_GPU),
+                "sm_clock_mhz": (nvml.nvmlDeviceGetClockInfo, NVML_CLOCK_SM),
+                "sm_clock_max_mhz": (nvml.nvmlDeviceGetMaxClockInfo, NVML_CLOCK_SM),
+            }
+            for name, (read, kind) in readings.items():
+                value = self._read(read, handle, kind)
+                if value is not None:
+                    self._metrics[f"gpu_{i}_{name}"].append(float(value))
+            reasons = self._read(self.reasons, handle) if self.reasons else None
             if reasons is not None:
                 # 100 or 0 per sample: the interval's mean is the share of samples throttled.
                 self._metrics[f"gpu_{i}_thermal_throttle_percentage"].append(
@@ -79,14 +80,9 @@ class GpuThermalMonitor(BaseMetricsMonitor):
     def aggregate_metrics(self) -> dict[str, float]:
         return {k: round(sum(v) / len(v), 1) for k, v in self._metrics.items() if v}
 
-    def _sample(self, name: str, read: Callable[[], Any]) -> None:
-        value = self._read(read)
-        if value is not None:
-            self._metrics[name].append(float(value))
-
-    def _read(self, read: Callable[[], Any]) -> Any:
+    def _read(self, read: Callable[..., Any], *args: Any) -> Any:
         try:
-            return read()
+            return read(*args)
         except self.nvml.NVMLError:  # not supported on this GPU or driver: leave it out
             return None
 
