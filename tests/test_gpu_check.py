@@ -121,3 +121,36 @@ def test_ctrl_c_report_from_an_interrupted_training(tmp_path: Path) -> None:
     assert len(report["pids"]) >= 3  # the training and its two env workers at least
     assert report["processes_alive"] == [] and report["left_on_gpu"] == []
     assert report["ok"] is True
+
+
+def test_an_interrupted_run_keeps_no_snapshot_alive_through_its_traceback(store: Path) -> None:
+    """What "memory after Ctrl-C" measures on a GPU, shown with device=cpu: with the
+    traceback kept (a notebook's sys.last_traceback), the run's in-memory snapshot (cloned
+    on the model's device) is released, and the policy is off any accelerator."""
+    import gc as garbage
+    import signal
+
+    from stable_baselines3.common.callbacks import BaseCallback
+    from workbench.training import load_config, train
+    from workbench.training.checkpoint import RecoveryCallback
+
+    from .conftest import TINY
+
+    class CtrlC(BaseCallback):
+        def _on_step(self) -> bool:
+            if self.num_timesteps == 192:  # past the first iteration: a snapshot exists
+                os.kill(os.getpid(), signal.SIGINT)
+            return True
+
+    kept = None
+    try:
+        train(load_config([*TINY, "env.vec_env=dummy", "tracking.system_metrics=false",
+                           "total_timesteps=100000"]), callbacks=[CtrlC()])
+    except KeyboardInterrupt as exc:
+        kept = exc.__traceback__
+    assert kept is not None
+    garbage.collect()
+    alive = [o for o in garbage.get_objects() if isinstance(o, RecoveryCallback)]
+    assert alive, "the traceback keeps the run's objects alive, as in a notebook"
+    assert all(o.snapshot is None for o in alive)
+    assert all(p.device.type == "cpu" for o in alive for p in o.model.policy.parameters())
