@@ -5,16 +5,42 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# torch build: "cpu" pins the CPU wheel (constraints/cpu.txt); "cuda" takes PyPI's default
-# (CUDA) build. Default: cuda when an NVIDIA driver is present, else cpu.
-TORCH ?= $(if $(shell command -v nvidia-smi 2>/dev/null),cuda,cpu)
-CONSTRAINTS := $(if $(filter cpu,$(TORCH)),-c constraints/cpu.txt,)
+# Install routes (docs/gpu-servers.md). The CPU and CUDA variants differ only in the torch
+# build, so one lock serves them all. `make deps` installs the third-party packages:
+#   1. requirements/lock.txt exactly as locked (--no-deps): every package the project
+#      installs (pyproject.toml's dependencies and the extras in EXTRAS) except torch, at the
+#      versions CI tests; `make lock` writes it with pip-compile;
+#   2. torch==<pinned>+<build> from PyTorch's index for that build, with the CUDA libraries
+#      torch pins itself (nvidia-*, triton). scripts/torch_build.py holds the pin, picks the
+#      build and says which in one line: TORCH=auto (the default) reads the driver's CUDA
+#      level from nvidia-smi (no driver: cpu), or name one: cpu, cu126, cu128, cu130, pypi.
+# `make setup` adds the project, editable, with its extras (everything is already there: pip
+# only checks that, and `pip check` that the set is consistent) and registers the kernel.
+# The split lets the Containerfile cache the large first part apart from the code.
+# LOCK= (empty) skips step 1 and takes pyproject.toml's ranges (macOS, another Python: the
+# lock is for Linux x86_64, Python 3.11). TORCH_INDEX=URL replaces
+# https://download.pytorch.org/whl (a mirror); TORCH_INDEX=none leaves torch to pip's own
+# configuration (a local wheel directory).
+TORCH ?= auto
+LOCK ?= requirements/lock.txt
+TORCH_INDEX ?=
+EXTRAS := dev,team,ray,fast
+DEPS_STAMP := $(VENV)/.deps-$(TORCH)
 STAMP := $(VENV)/.installed-$(TORCH)
+TORCH_ROUTE = $(PYTHON) scripts/torch_build.py $(1) $(2)$(if $(TORCH_INDEX), --index $(TORCH_INDEX))
+# One pip install, printed first; this machine's notes about local indexes lacking a package
+# are dropped from its stderr.
+pip_install = echo "$(PY) -m pip install $(1)" && \
+	$(PY) -m pip install -q $(1) 2> >(grep -v "^WARNING: Location" >&2)
+# The project's Jupyter kernel, "workbench" (notebooks, papermill sweeps); `make kernel` for
+# an environment made otherwise (conda: make kernel VENV=$$CONDA_PREFIX).
+KERNEL := ipykernel install --sys-prefix --name workbench --display-name "Python (workbench)"
 ARGS ?=
 # Jupyter refuses to run as root without this flag (containers, CI machines run as root).
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup demo test test-unit test-slow test-all lint typecheck ui lab bench clean help server server-stop report
+.PHONY: deps setup kernel lock demo test test-unit test-slow test-all lint typecheck ui lab bench gpu-check \
+	clean help server server-stop report
 
 help:
 	@echo "make demo       set up and run the demo sweep (2x2 grid) on the embedded MLflow store"
@@ -26,15 +52,46 @@ help:
 	@echo "make lab        JupyterLab on 127.0.0.1 with the project's kernel"
 	@echo "make server     team MLflow server (PostgreSQL, basic auth) on http://127.0.0.1:5050"
 	@echo "make lint       ruff and the import-linter layer contracts; make typecheck: mypy"
+	@echo "make setup      the environment; TORCH=auto|cpu|cu126|cu128|cu130|pypi (docs/gpu-servers.md)"
+	@echo "make lock       refresh requirements/lock.txt (pip-compile; ARGS=--upgrade for newer)"
+	@echo "make gpu-check  GPU server check, <= 8 min: CUDA vs CPU, FP16 export, determinism, ..."
 
+deps: $(DEPS_STAMP)
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints/cpu.txt
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@echo "installing workbench into $(VENV) (torch: $(TORCH) build)..."
-	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[dev,team,ray,fast]' 2> >(grep -v "^WARNING: Location" >&2)
-	$(PY) -m ipykernel install --sys-prefix --name workbench --display-name "Python (workbench)" >/dev/null
+$(DEPS_STAMP): $(LOCK) scripts/torch_build.py
+	@set -e; torch="$$($(call TORCH_ROUTE,pip-args,$(TORCH)))"; \
+	test -x $(PY) || $(PYTHON) -m venv $(VENV); \
+	$(if $(LOCK),$(call pip_install,--no-deps -r $(LOCK));) \
+	$(call pip_install,$$torch)
 	@touch $@
+
+$(STAMP): $(DEPS_STAMP) pyproject.toml
+	@$(call pip_install,-e '.[$(EXTRAS)]')
+	$(PY) -m pip check
+	$(PY) -m $(KERNEL) >/dev/null
+	@touch $@
+
+kernel:
+	$(PY) -m $(KERNEL)
+
+# Refresh requirements/lock.txt: pip-compile resolves pyproject.toml's dependencies and
+# EXTRAS again, keeping every locked version that still fits (ARGS=--upgrade: the newest
+# allowed; ARGS='--upgrade-package mlflow': one package). torch is left out of the file and
+# resolved as the CPU build, so the lock holds only what every build shares; the CUDA
+# builds' nvidia-* and triton come with torch, pinned by it. pip, the installer, is left to
+# the venv; setuptools is pinned (torch needs it at run time). Reads PyTorch's CPU index, or
+# the CPU wheel from pip's configuration with TORCH_INDEX=none.
+CPU_INDEX = $(shell $(call TORCH_ROUTE,index-url,cpu) 2>/dev/null)
+comma := ,
+lock: setup
+	CUSTOM_COMPILE_COMMAND="make lock" $(VENV)/bin/pip-compile --quiet --strip-extras \
+	  $(foreach extra,$(subst $(comma), ,$(EXTRAS)),--extra $(extra)) \
+	  --unsafe-package torch --unsafe-package pip --unsafe-package distribute \
+	  --no-emit-index-url --no-emit-find-links \
+	  -c <($(call TORCH_ROUTE,requirement,cpu)) \
+	  $(if $(CPU_INDEX),--extra-index-url $(CPU_INDEX)) \
+	  $(ARGS) -o $(LOCK) pyproject.toml
 
 demo: setup
 	$(PY) -m workbench sweep experiment=demo sweep=demo $(ARGS)
@@ -76,6 +133,9 @@ server-stop: setup
 
 bench: setup
 	$(PY) benchmarks/bench.py $(ARGS)
+
+gpu-check: setup
+	$(PY) benchmarks/gpu_check.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -239,6 +239,41 @@ def test_bottleneck_verdicts(metrics: dict[str, Series], verdict: str, share: fl
 
 
 @pytest.mark.unit
+def test_update_bound_remedy_names_what_the_workbench_offers() -> None:
+    remedy = analyse_bottleneck(timing(0.4, 1.6, **CPU_BUSY), Thresholds()).remedy
+    for offered in ("algo.batch_size", "algo.n_epochs", "algo.policy.pi", "device=cuda"):
+        assert offered in remedy
+    assert "mixed precision" not in remedy  # SB3's PPO has no autocast hook to offer it
+
+
+@pytest.mark.unit
+def test_gpu_temperature_clocks_and_throttling_from_synthetic_series() -> None:
+    # GPU 0: warm, full clocks, throttled in 1 of 8 samples (12.5%); GPU 1: hot, slow clocks,
+    # never throttled. The verdict reads the worst GPU of each fact.
+    found = analyse_bottleneck(timing(
+        0.4, 1.6, **CPU_BUSY,
+        gpu_0_temperature_celsius=[60.0] * 7 + [68.0], gpu_0_sm_clock_mhz=[1980.0] * 8,
+        gpu_0_sm_clock_max_mhz=[1980.0] * 8,
+        gpu_0_thermal_throttle_percentage=[0.0] * 7 + [100.0],
+        gpu_1_temperature_celsius=[84.0] * 8, gpu_1_sm_clock_mhz=[1485.0] * 8,
+        gpu_1_sm_clock_max_mhz=[1980.0] * 8, gpu_1_thermal_throttle_percentage=[0.0] * 8,
+    ), Thresholds())
+    health = found.gpu_health
+    assert health is not None
+    assert (health.temperature_c, health.temperature_peak_c) == (84.0, 84.0)
+    assert (health.sm_clock_mhz, health.sm_clock_max_mhz, health.clock_ratio) == (
+        1485.0, 1980.0, 0.75)
+    assert health.thermal_throttle_percent == 12.5 and health.power_throttle_percent is None
+    assert found.verdicts == ["update-bound", "GPU throttling"]  # 12.5% >= 10%
+    assert "cooling" in found.remedy
+    lenient = analyse_bottleneck(timing(0.4, 1.6, gpu_0_thermal_throttle_percentage=[12.5]),
+                                 Thresholds(gpu_throttle_percent=20))
+    assert lenient.verdicts == ["update-bound"] and not lenient.gpu_throttled
+    without = analyse_bottleneck(timing(0.4, 1.6, **GPU_BUSY), Thresholds())
+    assert without.gpu_health is None and not without.gpu_throttled
+
+
+@pytest.mark.unit
 def test_bottleneck_without_timings_is_unknown() -> None:
     assert analyse_bottleneck({}, Thresholds()).verdict == "unknown"
 

@@ -25,7 +25,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from workbench import cli, config
-from workbench.tracking import manifest, manifest_diff
+from workbench.tracking import manifest, manifest_diff, manifest_lock
 from workbench.tracking.redaction import (
     is_secret_name,
     remote_without_credentials,
@@ -38,6 +38,7 @@ from workbench.tracking.redaction import (
 from workbench.tracking.store import ensure_experiment, make_client
 
 from .conftest import ROOT, TINY, run_cli
+from .trained_run import FinishedRun, finished_run  # noqa: F401
 
 REQUIRED_PACKAGES = (
     "torch", "stable-baselines3", "gymnasium", "mujoco", "mlflow", "hydra-core", "papermill",
@@ -481,3 +482,88 @@ def test_notebook_kernel_is_detected_without_run_info(tmp_path: Path,
     run = m["run"]
     assert (run["started_by"], run["notebook"], run["command"], run["seed"]) == (
         "notebook", "notebooks/probe.ipynb", None, 5)
+
+
+# --------------------------------------------------------------------------- lock
+
+
+def requirement_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line and not line.startswith(("#", "-"))]
+
+
+def test_lock_recreates_a_recorded_run(finished_run: FinishedRun, tmp_path: Path,  # noqa: F811
+                                       monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A real run's manifest, through the CLI, into a file pip reads."""
+    from packaging.requirements import Requirement
+
+    finished_run.use(monkeypatch)
+    recorded = json.loads((finished_run.artifacts() / "manifest.json").read_text())
+    out = tmp_path / "requirements-run.txt"
+    assert cli.main(["manifest", "lock", finished_run.run_id, "-o", str(out)]) == 0
+    pins = requirement_lines(out.read_text())
+    printed = capsys.readouterr().out
+    assert printed == f"wrote {out}: {len(pins)} pinned packages for run {finished_run.run_id} " \
+        f"({MlflowClient(finished_run.uri).get_run(finished_run.run_id).info.run_name})\n"
+    # Every recorded distribution, exactly pinned, but the workbench (this checkout) and pip.
+    assert pins == [line for line in recorded["pip_freeze"]
+                    if not line.startswith(("workbench==", "pip=="))]
+    assert all(str(Requirement(p).specifier).startswith("==") for p in pins)
+    assert f"torch=={recorded['packages']['torch']}" in pins
+    text = out.read_text()
+    header = [line for line in text.splitlines() if line.startswith("#")]
+    assert header[0].startswith(f"# The Python environment of run {finished_run.run_id} (")
+    assert f"# python {platform.python_version()} (CPython)" in header
+    torch_version = recorded["packages"]["torch"]
+    if recorded["cuda"]["torch_cuda"] is None:
+        assert f"# torch {torch_version}: the CPU build (no CUDA)" in header
+    else:
+        assert f"# torch {torch_version}: CUDA {recorded['cuda']['torch_cuda']}" in text
+    build = torch_version.partition("+")[2]
+    index_lines = [line for line in text.splitlines() if line.startswith("--")]
+    assert index_lines == ([f"--extra-index-url https://download.pytorch.org/whl/{build}"]
+                           if build else [])
+    assert f"commit {recorded['git']['commit']}" in text or recorded["git"]["commit"] is None
+    # To stdout without -o, the same text.
+    assert cli.main(["manifest", "lock", finished_run.run_id]) == 0
+    assert capsys.readouterr().out == text
+
+
+@pytest.mark.unit
+def test_lock_names_the_cuda_build_and_its_index(tmp_path: Path) -> None:
+    m = {
+        "created_at": "2030-01-01T00:00:00+00:00",
+        "python": {"version": "3.11.9", "implementation": "CPython", "executable": "x"},
+        "pip_freeze": ["mlflow==3.17.2", "nvidia-cublas-cu12==12.8.4.1", "pip==24.0",
+                       "torch==2.13.0+cu128", "workbench==0.1.0"],
+        "os": {"system": "Linux", "machine": "x86_64", "libc": "glibc 2.28"},
+        "hardware": {"gpus": [{"name": "NVIDIA H100 80GB HBM3"}] * 2},
+        "cuda": {"torch_cuda": "12.8", "cudnn": "91002", "driver": "570.86.15",
+                 "driver_cuda": "12.8"},
+        "git": {"commit": "a" * 40, "dirty": True},
+    }
+    text = manifest_lock.lock_requirements(m, "run abc (hopper)")
+    assert text.splitlines()[6:] == [
+        "--extra-index-url https://download.pytorch.org/whl/cu128",
+        "mlflow==3.17.2", "nvidia-cublas-cu12==12.8.4.1", "torch==2.13.0+cu128",
+    ]
+    assert ("# torch 2.13.0+cu128: CUDA 12.8, cuDNN 91002; ran on driver 570.86.15 (CUDA 12.8), "
+            "NVIDIA H100 80GB HBM3") in text
+    assert "#   python3.11 -m venv .venv" in text
+    assert f"in a checkout of commit {'a' * 40} (the run had uncommitted changes" in text
+    assert "on Linux, x86_64, glibc 2.28" in text
+    pypi = manifest_lock.lock_requirements(
+        {**m, "pip_freeze": ["torch==2.13.0"], "cuda": {"torch_cuda": "13.0"}}, "x")
+    assert "--extra-index-url" not in pypi and "CUDA 13.0, PyPI's default wheel" in pypi
+
+
+def test_lock_bad_input_is_one_line(store: Path, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["manifest", "lock", "0123456789abcdef", "-o",
+                     str(tmp_path / "missing" / "r.txt")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"workbench: error: -o {tmp_path / 'missing' / 'r.txt'}: not a file")
+    assert err.count("\n") == 1
+    assert cli.main(["manifest", "lock", "0123456789abcdef"]) == 2
+    assert capsys.readouterr().err.startswith("workbench: error: 0123456789abcdef:")
+    assert not store.exists()  # a bad run id never creates the store

@@ -155,7 +155,7 @@ def setup_runs(parser: argparse.ArgumentParser) -> Runner:
 
 
 def setup_manifest(parser: argparse.ArgumentParser) -> Runner:
-    """``workbench manifest [--format]`` and ``manifest diff RUN_A RUN_B``."""
+    """``workbench manifest [--format]``, ``manifest diff RUN_A RUN_B``, ``manifest lock RUN``."""
     from workbench.tracking import manifest_diff
 
     manifest_diff.add_cli_arguments(parser)
@@ -206,7 +206,9 @@ COMMANDS: dict[str, Command] = {
     "runs": Command("recorded runs: runs copy --from URI --to URI; runs reap; runs sync",
                     setup_runs),
     "manifest": Command("print this machine's environment manifest; "
-                        "'manifest diff RUN_A RUN_B' compares two runs", setup_manifest),
+                        "'manifest diff RUN_A RUN_B' compares two runs; 'manifest lock RUN' "
+                        "writes a requirements file recreating a run's environment",
+                        setup_manifest),
     "report": Command("write a review report for a sweep, an experiment or runs; "
                       "prints the path of its index.html", setup_report),
     "export": Command("export a run's policy to TorchScript + ONNX, verify parity, replay and "

@@ -4,7 +4,8 @@ Each check reads the per-iteration series a run logged (SB3's keys, ``time/*`` a
 ``system/*`` metrics) and, when it fires, returns a :class:`Diagnostic` carrying the numbers
 that triggered it and the usual remedy (docs/reports.md, "Diagnostics").
 :func:`analyse_bottleneck` turns the rollout/update time split and the system metrics into
-one verdict per run ("Where the time goes").
+one verdict per run ("Where the time goes"), with the GPU's temperature and clocks where a
+GPU was sampled, so that thermal throttling shows.
 
 All thresholds live in :class:`Thresholds` (typed, one comment per field); the report CLI
 exposes each as an option (``--approx-kl-max 0.1``) and the notebook takes a dict.
@@ -28,6 +29,11 @@ MEMORY_KEY = "system/system_memory_usage_megabytes"
 # MLflow logs one series per GPU (system/gpu_0_utilization_percentage, ...); some stores carry
 # an unnumbered one.
 GPU_KEY = re.compile(r"^system/gpu(_\d+)?_utilization_percentage$")
+# The workbench's own NVML sampler (workbench/tracking/system_metrics.py), per GPU: what shows
+# thermal throttling. MLflow's GPU monitor logs utilization, memory and power only.
+GPU_FACTS = ("temperature_celsius", "sm_clock_mhz", "sm_clock_max_mhz",
+             "thermal_throttle_percentage", "power_throttle_percentage")
+GPU_FACT_KEY = re.compile(rf"^system/gpu(?:_(\d+))?_({'|'.join(GPU_FACTS)})$")
 
 
 def threshold(default: float, help_text: str) -> Any:
@@ -62,6 +68,9 @@ class Thresholds:
     memory_creep_mb: float = threshold(
         512.0, "system memory rise, first to last quarter of samples and rising in each, "
         "that counts as creeping")
+    gpu_throttle_percent: float = threshold(
+        10.0, "percent of the samples with the GPU's clocks slowed for heat that counts as "
+        "thermal throttling")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -321,6 +330,25 @@ def diagnose(
 
 
 @dataclass(frozen=True)
+class GpuHealth:
+    """Temperature and clocks of a run's GPUs; with several, the worst one of each."""
+
+    temperature_c: float | None  # mean temperature of the hottest GPU
+    temperature_peak_c: float | None  # highest sample of any GPU
+    sm_clock_mhz: float | None  # mean SM clock of the GPU furthest below its maximum
+    sm_clock_max_mhz: float | None  # ... and that GPU's maximum SM clock
+    thermal_throttle_percent: float | None  # most samples with a thermal slowdown, any GPU
+    power_throttle_percent: float | None  # most samples at the power cap, any GPU
+
+    @property
+    def clock_ratio(self) -> float | None:
+        """Mean SM clock / maximum SM clock (1.0: always at full speed)."""
+        if not self.sm_clock_mhz or not self.sm_clock_max_mhz:
+            return None
+        return self.sm_clock_mhz / self.sm_clock_max_mhz
+
+
+@dataclass(frozen=True)
 class Bottleneck:
     """Where one run's time went, and the verdict."""
 
@@ -334,6 +362,8 @@ class Bottleneck:
     verdict: str  # sampling-bound | update-bound | neither busy | balanced | unknown
     remedy: str
     memory_creeping: bool
+    gpu_health: GpuHealth | None = None  # None: no temperature or clock metrics
+    gpu_throttled: bool = False  # thermal slowdown in >= gpu_throttle_percent of samples
 
     @property
     def memory_rise_mb(self) -> float | None:
@@ -343,15 +373,17 @@ class Bottleneck:
 
     @property
     def verdicts(self) -> list[str]:
-        """The verdict plus "memory creeping up" when memory rose past the limit."""
-        return [self.verdict, *(["memory creeping up"] if self.memory_creeping else [])]
+        """The verdict plus "memory creeping up" / "GPU throttling" when those were seen."""
+        return [self.verdict, *(["memory creeping up"] if self.memory_creeping else []),
+                *(["GPU throttling"] if self.gpu_throttled else [])]
 
 
 REMEDIES = {
     "sampling-bound": "more parallel envs (env.num_envs, env.vec_env=subproc), a faster "
     "simulator or fewer physics substeps",
-    "update-bound": "larger algo.batch_size (fewer, bigger minibatches), the update on a GPU "
-    "(device=cuda), mixed precision",
+    "update-bound": "larger algo.batch_size (fewer, bigger minibatches), fewer algo.n_epochs "
+    "or a smaller network (algo.policy.pi, algo.policy.vf), the update on a GPU (device=cuda; "
+    "it pays with large minibatches)",
     "neither busy": "look at IPC and synchronisation: shared-memory size, worker count vs cores "
     "(env.num_envs), CPU affinity",
     "balanced": "neither part dominates: scale both (more envs and a larger batch)",
@@ -359,6 +391,8 @@ REMEDIES = {
     "memory creeping up": "system-wide memory: rule out other jobs on the machine, then find "
     "what is kept alive across iterations (tensors, buffers, lists, caches): a leak ends in an "
     "out-of-memory error",
+    "GPU throttling": "the GPU slowed its clocks for heat: check its cooling (fans, airflow, "
+    "ambient temperature) and other jobs on it; nvidia-smi -q -d PERFORMANCE names the reason",
 }
 
 
@@ -382,8 +416,49 @@ def analyse_bottleneck(metrics: Mapping[str, Series], limits: Thresholds | None 
         and all(a <= b for a, b in zip(quarters, quarters[1:], strict=False))
     )
     verdict = bottleneck_verdict(share, cpu, gpu, limits)
-    remedy = REMEDIES[verdict] + (f"; {REMEDIES['memory creeping up']}" if creeping else "")
-    return Bottleneck(rollout, update, share, cpu, gpu, start, end, verdict, remedy, creeping)
+    health = gpu_health(metrics)
+    throttled = (health is not None and health.thermal_throttle_percent is not None
+                 and health.thermal_throttle_percent >= limits.gpu_throttle_percent)
+    extras = [name for name, seen in (("memory creeping up", creeping),
+                                      ("GPU throttling", throttled)) if seen]
+    remedy = "; ".join([REMEDIES[verdict], *(REMEDIES[name] for name in extras)])
+    return Bottleneck(rollout, update, share, cpu, gpu, start, end, verdict, remedy, creeping,
+                      health, throttled)
+
+
+def gpu_health(metrics: Mapping[str, Series]) -> GpuHealth | None:
+    """Temperature, clocks and throttling from the per-GPU series; None when none was logged."""
+    per_gpu: dict[str, dict[str, Series]] = {}
+    for key, s in metrics.items():
+        match = GPU_FACT_KEY.match(key)
+        if match:
+            per_gpu.setdefault(match.group(1) or "", {})[match.group(2)] = s
+    if not per_gpu:
+        return None
+
+    def fact(gpu: Mapping[str, Series], name: str) -> float | None:
+        return finite_mean(gpu.get(name))
+
+    temperatures = [t for g in per_gpu.values() if (t := fact(g, "temperature_celsius"))
+                    is not None]
+    peaks = [float(np.max(h.values[np.isfinite(h.values)])) for g in per_gpu.values()
+             if (h := g.get("temperature_celsius")) is not None and np.isfinite(h.values).any()]
+    clocks = [(c, m) for g in per_gpu.values()
+              if (c := fact(g, "sm_clock_mhz")) is not None
+              and (m := fact(g, "sm_clock_max_mhz"))]
+    slowest = min(clocks, key=lambda cm: cm[0] / cm[1]) if clocks else (None, None)
+
+    def most(name: str) -> float | None:
+        shares = [s for g in per_gpu.values() if (s := fact(g, name)) is not None]
+        return max(shares) if shares else None
+
+    return GpuHealth(
+        temperature_c=max(temperatures) if temperatures else None,
+        temperature_peak_c=max(peaks) if peaks else None,
+        sm_clock_mhz=slowest[0], sm_clock_max_mhz=slowest[1],
+        thermal_throttle_percent=most("thermal_throttle_percentage"),
+        power_throttle_percent=most("power_throttle_percentage"),
+    )
 
 
 def bottleneck_verdict(

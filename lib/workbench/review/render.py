@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from workbench.review.diagnostics import GpuHealth
 from workbench.review.records import EnvironmentFacts, FigureFile, Report
 
 # Characters with a meaning in Markdown (CommonMark and GitHub's: links, emphasis, code, tables,
@@ -144,10 +145,12 @@ def bottleneck_blocks(report: Report) -> list[Block]:
     blocks = [
         Block("h2", "Where the time goes"),
         Block("p", f"Rollout vs update time from time/rollout_s and time/update_s; CPU, GPU "
-                   f"and memory from MLflow's system metrics. A phase with ≥ "
-                   f"{report.thresholds.bound_share:.0%} of the iteration time dominates; busy "
-                   f"means CPU ≥ {report.thresholds.cpu_busy_percent:g}% or GPU ≥ "
-                   f"{report.thresholds.gpu_busy_percent:g}%."),
+                   f"and memory from MLflow's system metrics, GPU temperature and clocks from "
+                   f"NVML. A phase with ≥ {report.thresholds.bound_share:.0%} of the iteration "
+                   f"time dominates; busy means CPU ≥ {report.thresholds.cpu_busy_percent:g}% "
+                   f"or GPU ≥ {report.thresholds.gpu_busy_percent:g}%; clocks slowed for heat "
+                   f"in ≥ {report.thresholds.gpu_throttle_percent:g}% of samples is GPU "
+                   f"throttling."),
     ]
     for run in report.runs:
         b = report.bottlenecks[run.run_id]
@@ -162,6 +165,8 @@ def bottleneck_blocks(report: Report) -> list[Block]:
              if b.cpu_percent is not None else "not logged"),
             ("GPU utilization (mean)", fmt(b.gpu_percent, ".0f", "%")
              if b.gpu_percent is not None else "no GPU metrics"),
+            *((("GPU temperature and clocks", gpu_health_text(b.gpu_health)),)
+              if b.gpu_health is not None else ()),
             ("system memory, whole machine (first → last quarter)", memory),
             ("verdict", " + ".join(b.verdicts)),
             ("usual remedy", b.remedy),
@@ -169,6 +174,26 @@ def bottleneck_blocks(report: Report) -> list[Block]:
         blocks.append(Block("card", run.name, headers=("quantity", "value"), rows=rows,
                             css="verdict"))
     return blocks
+
+
+def gpu_health_text(health: GpuHealth) -> str:
+    """``64 °C mean, 71 °C peak; SM clock 1755 of 1980 MHz (89%); slowed for heat in 0%,
+    at the power cap in 12% of samples`` (the parts that were logged)."""
+    parts = []
+    if health.temperature_c is not None:
+        peak = (f", {health.temperature_peak_c:.0f} °C peak"
+                if health.temperature_peak_c is not None else "")
+        parts.append(f"{health.temperature_c:.0f} °C mean{peak}")
+    ratio = health.clock_ratio
+    if ratio is not None:
+        parts.append(f"SM clock {health.sm_clock_mhz:.0f} of {health.sm_clock_max_mhz:.0f} MHz "
+                     f"({ratio:.0%})")
+    shares = [f"{label} in {share:.0f}%" for label, share in (
+        ("slowed for heat", health.thermal_throttle_percent),
+        ("at the power cap", health.power_throttle_percent)) if share is not None]
+    if shares:
+        parts.append(", ".join(shares) + " of samples")
+    return "; ".join(parts) or "not logged"
 
 
 def environment_blocks(env: EnvironmentFacts) -> list[Block]:

@@ -3,7 +3,8 @@
 A manifest comes from a run id of the configured store or a ``manifest.json`` path; the
 comparison covers the environment facts (:func:`comparable`: packages, OS, hardware, CUDA,
 git, the run's recorded environment variables) and, where both sides carry one, the
-resolved config. Rendered as aligned text, JSON or Markdown (reports).
+resolved config. Rendered as aligned text, JSON or Markdown (reports). The ``manifest``
+command's parser lives here too, with ``manifest lock`` (``manifest_lock.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from workbench.tracking.manifest import (
     normalize_name,
     to_json,
 )
+from workbench.tracking.manifest_lock import lock_requirements
 
 
 class _Missing:
@@ -307,10 +309,10 @@ def diff_to_json(diffs: Sequence[Difference], a: str, b: str) -> str:
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    """``workbench manifest [--format json|md]`` and ``workbench manifest diff A B``."""
+    """``workbench manifest [--format json|md]``, ``manifest diff A B``, ``manifest lock RUN``."""
     parser.add_argument("--format", choices=("json", "md"), default="json",
                         help="json (default) or md, a readable table")
-    sub = parser.add_subparsers(dest="manifest_command", metavar="diff")
+    sub = parser.add_subparsers(dest="manifest_command", metavar="{diff,lock}")
     diff = sub.add_parser(
         "diff", help="what differs between two runs (exit 0 identical, 1 different)",
         description="Compare two runs' manifests and configs. RUN is a run id in the "
@@ -322,11 +324,21 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     diff.add_argument("--format", choices=("text", "json", "md"), default="text")
     diff.add_argument("overrides", nargs="*", metavar="OVERRIDE",
                       help="Hydra overrides selecting the store, e.g. tracking.uri=...")
+    lock = sub.add_parser(
+        "lock", help="a requirements file that recreates a run's environment",
+        description="Write the pip requirements of a recorded run (its manifest's pip freeze, "
+        "torch's build with its index, the workbench itself left out), to stdout or -o FILE. "
+        "RUN is a run id in the configured store or a path to a manifest.json.",
+    )
+    lock.add_argument("run", metavar="RUN")
+    lock.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    lock.add_argument("overrides", nargs="*", metavar="OVERRIDE",
+                      help="Hydra overrides selecting the store, e.g. tracking.uri=...")
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """``workbench manifest``: print this machine's manifest, or diff two runs."""
-    if args.manifest_command != "diff":
+    """``workbench manifest``: this machine's manifest, a diff of two runs, or a run's lock."""
+    if args.manifest_command not in ("diff", "lock"):
         manifest = collect_manifest()
         print(render_markdown(manifest) if args.format == "md" else to_json(manifest), end="")
         return 0
@@ -338,9 +350,28 @@ def run_command(args: argparse.Namespace) -> int:
             return os.environ["MLFLOW_TRACKING_URI"]  # it wins anyway; skip composing
         return resolve_tracking_uri(load_config(args.overrides).tracking.uri)
 
+    if args.manifest_command == "lock":
+        return write_lock(args.run, args.output, store_uri)
     a = load_source(args.run_a, store_uri)
     b = load_source(args.run_b, store_uri)
     diffs = diff_sources(a, b)
     render = {"text": render_diff_text, "json": diff_to_json, "md": render_diff_markdown}
     print(render[args.format](diffs, a.label, b.label), end="")
     return 1 if diffs else 0
+
+
+def write_lock(ref: str, output: str | None, store_uri: Callable[[], str]) -> int:
+    """``manifest lock RUN [-o FILE]``: the run's requirements to stdout or ``output``."""
+    target = Path(output) if output else None
+    if target is not None and (target.is_dir() or not target.parent.is_dir()):
+        raise ConfigError(f"-o {output}: not a file in an existing folder; pass e.g. "
+                          "-o requirements-run.txt")
+    source = load_source(ref, store_uri)
+    text = lock_requirements(source.manifest, source.label)
+    if target is None:
+        print(text, end="")
+        return 0
+    target.write_text(text)
+    pinned = sum(1 for line in text.splitlines() if line and not line.startswith(("#", "-")))
+    print(f"wrote {target}: {pinned} pinned packages for {source.label}")
+    return 0

@@ -218,6 +218,10 @@ def open_run(setup: RunSetup, start: Start) -> Iterator[TrainingRun]:
         if training is not None:
             close_envs(*training.envs)
             release_accelerator(training.model)
+            if training.recovery is not None:
+                # Its last snapshot (policy and Adam state, cloned on the model's device) is
+                # written by now; a notebook's kept traceback would otherwise pin it on the GPU.
+                training.recovery.snapshot = None
         stop_system_metrics(monitor)
         if isinstance(writer, DeliveryClient):
             writer.close()  # drains the outbox (workbench/tracking/outbox.py)
