@@ -64,5 +64,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
     )
 
 
-# Team mode (tests/test_server.py, tests/test_copy.py): one PostgreSQL + MLflow server per session.
+# Shared fixtures: pages in a real headless chromium (tests/test_report_browser.py,
+# tests/test_ui.py); team mode (tests/test_server.py, tests/test_copy.py): one PostgreSQL +
+# MLflow server per session.
+from tests.browser import browser  # noqa: E402, F401
 from tests.teamserver import team_server  # noqa: E402, F401

@@ -57,7 +57,7 @@ def test_report_of_a_real_sweep_writes_every_file(sweep: reportdata.Sweep,
     assert "<script" not in page and "<link" not in page and "@import" not in page
     assert re.findall(r'src="(?!data:)', page) == []
     run_links = set(re.findall(r'href="([^"]+)"', page))
-    assert run_links == {f"http://127.0.0.1:5000/#/experiments/1/runs/{run_id}"
+    assert run_links == {f"http://127.0.0.1:5000/#/experiments/1/runs/{run_id}?workflowType=machine_learning"
                          for run_id in sweep.child_ids}
 
     markdown = (folder / "report.md").read_text()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,39 +19,10 @@ from workbench.review.selection import Selection
 
 from . import reportdata
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-INSTALL = "apt-get update && apt-get install -y chromium chromium-driver"
-
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory: pytest.TempPathFactory) -> reportdata.Sweep:
     return reportdata.sweep_fixture(tmp_path_factory)
-
-
-@pytest.fixture()
-def browser(tmp_path: Path) -> Iterator[object]:
-    """Headless chromium with a fresh profile, no network services, console logs captured."""
-    if not (CHROMIUM and CHROMEDRIVER):
-        if os.environ.get("WORKBENCH_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"chromium/chromedriver not found; install them: {INSTALL}")
-        pytest.skip(f"chromium/chromedriver not installed ({INSTALL})")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-                 f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,900"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 def test_report_page_loads_every_figure_without_errors(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from workbench import cli
+from workbench import cli, processes
 from workbench.team import postgres, server
 from workbench.team.layout import Layout, default_layout
 from workbench.training import load_config
@@ -114,12 +114,12 @@ def run_cli_prefix() -> list[str]:
 @pytest.mark.slow
 def test_server_requires_a_login_and_stores_runs_in_postgresql(team_server: TeamServer) -> None:
     url = team_server.url
-    assert server.http_status(f"{url}/health") == 200
+    assert processes.http_status(f"{url}/health") == 200
     search = f"{url}/api/2.0/mlflow/experiments/search?max_results=1"
-    assert server.http_status(search) == 401
-    assert server.http_status(search, auth=(ALICE, "wrong-password-123")) == 401
-    assert server.http_status(search, auth=(ALICE, team_server.alice_password)) == 200
-    assert server.http_status(search, auth=("admin", team_server.admin_password)) == 200
+    assert processes.http_status(search) == 401
+    assert processes.http_status(search, auth=(ALICE, "wrong-password-123")) == 401
+    assert processes.http_status(search, auth=(ALICE, team_server.alice_password)) == 200
+    assert processes.http_status(search, auth=("admin", team_server.admin_password)) == 200
 
     state = json.loads((team_server.root / "server" / "server.json").read_text())
     assert state["host"] == "127.0.0.1" and state["url"] == url

@@ -7,6 +7,7 @@
     randomization.py  domain randomization wrappers (noise, delay, physics ranges)
     simstate.py       exact capture/restore of a MuJoCo env copy (for checkpoints)
     cores.py          the cores a run may use and the learner's threads
+    mujoco_log.py     MuJoCo's warnings through Python (no MUJOCO_LOG.TXT)
     checks.py         env id, kwargs, randomization and EnvPool checks (exit code 2)
     robots/           the workbench's own robots (the mini duck), registered on import
 

@@ -33,7 +33,7 @@ import gymnasium
 import numpy as np
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecCheckNan, VecEnv
 
-from workbench.envs import simstate
+from workbench.envs import mujoco_log, simstate
 
 # What a parent sees when a SubprocVecEnv worker is gone.
 PIPE_ERRORS = (EOFError, BrokenPipeError, ConnectionResetError)
@@ -107,6 +107,7 @@ class _GuardedFactory:
             # to stop and closes the workers. They still exit when the trainer dies (EOF).
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        mujoco_log.route_warnings()
         try:
             env = self.fn()
         except Exception as exc:

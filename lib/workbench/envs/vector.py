@@ -1,7 +1,7 @@
 """The environments a run trains and evaluates on, behind SB3's VecEnv interface.
 
 ``make_envs`` builds the training copies on the chosen backend (``vec_env=auto`` resolved by
-:mod:`workbench.envs.calibration`, a short, cached measurement), optionally wrapped in SB3's
+:mod:`workbench.envs.calibration`'s rule), optionally wrapped in SB3's
 ``VecNormalize``; ``make_eval_env`` one in-process copy for deterministic evaluation;
 ``make_env`` one raw gymnasium env (export and replay).
 """
@@ -15,7 +15,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecNormalize
 
 from workbench.config import RandomizationConfig
-from workbench.envs import guards, robots
+from workbench.envs import guards, mujoco_log, robots
 from workbench.envs.backends import build_backend, randomization_wrapper
 from workbench.envs.calibration import resolve_spec
 from workbench.envs.spec import EnvSpec
@@ -62,4 +62,5 @@ def make_eval_env(
 
 def make_env(spec: EnvSpec) -> Any:
     """One raw gymnasium env as training built it (same id, kwargs and time limit)."""
+    mujoco_log.route_warnings()
     return gymnasium.make(robots.importable_id(spec.env_id), **spec.env_kwargs())

@@ -29,6 +29,7 @@ from workbench.review.diagnostics import Bottleneck, Diagnostic, Series, Thresho
 from workbench.tracking.manifest import MANIFEST_FILE, headline_tags
 from workbench.tracking.manifest_diff import comparable
 from workbench.tracking.redaction import redact_uri
+from workbench.tracking.store import ui_link
 
 if TYPE_CHECKING:  # mlflow and matplotlib load on use: `workbench --help` stays fast
     from mlflow.entities import Run
@@ -264,7 +265,7 @@ class Report:
 
     def run_url(self, run: RunRecord) -> str:
         """The run's page in the MLflow UI."""
-        return f"{self.ui_url.rstrip('/')}/#/experiments/{run.experiment_id}/runs/{run.run_id}"
+        return ui_link(self.ui_url, run.experiment_id, run.run_id)
 
 
 def group_points(runs: Sequence[RunRecord]) -> list[Point]:

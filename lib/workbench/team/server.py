@@ -22,23 +22,19 @@ starts check that it still opens that account.
 from __future__ import annotations
 
 import configparser
-import contextlib
 import json
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from base64 import b64encode
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from workbench import processes
 from workbench.config import ConfigError
 from workbench.team.layout import Layout, ServerError, default_layout
 from workbench.team.postgres import (
@@ -209,33 +205,12 @@ def url_for(settings: ServerSettings) -> str:
     return f"http://{host}:{settings.port}"
 
 
-def http_status(url: str, auth: tuple[str, str] | None = None, timeout: float = 5.0) -> int:
-    """HTTP status of a GET (0 when nothing answers)."""
-    request = urllib.request.Request(url)
-    if auth is not None:
-        token = b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
-        request.add_header("Authorization", f"Basic {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except (urllib.error.URLError, OSError):
-        return 0
-
-
 def wait_until_healthy(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
     """Poll ``/health`` until it answers 200; fail fast if the server process exits."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise ServerError(f"mlflow server exited with code {process.returncode}: "
-                              f"{last_error_line(log)} (log: {log})")
-        if http_status(f"{url}/health", timeout=2.0) == 200:
-            return
-        time.sleep(0.5)
-    raise ServerError(f"mlflow server did not answer on {url} within {START_TIMEOUT_S:.0f} s "
-                      f"(log: {log})")
+    problem = processes.wait_until_healthy(url, process, START_TIMEOUT_S)
+    if problem is not None:
+        detail = f": {last_error_line(log)}" if process.poll() is not None else ""
+        raise ServerError(f"mlflow server {problem}{detail} (log: {log})")
 
 
 def last_error_line(log: Path) -> str:
@@ -278,17 +253,6 @@ def is_our_server(pid: int, layout: Layout) -> bool:
     return "mlflow" in cmdline and layout.artifacts.as_uri() in cmdline
 
 
-def group_alive(pgid: int) -> bool:
-    """True if any process of process group ``pgid`` is left (uvicorn workers included)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def start(settings: ServerSettings, layout: Layout | None = None) -> ServerState:
     """Start PostgreSQL and the MLflow server; returns the running server's state.
 
@@ -329,7 +293,7 @@ def start(settings: ServerSettings, layout: Layout | None = None) -> ServerState
         check_admin_login(url, admin, password)
     except BaseException:
         if process is not None:
-            terminate_group(process.pid)
+            processes.terminate_group(process.pid, STOP_TIMEOUT_S)
         if started_postgres:
             stop_postgres(layout, bin_dir, user)
         raise
@@ -345,7 +309,7 @@ def check_admin_login(url: str, admin: str, password: str) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     code = 0
     while code == 0 and time.monotonic() < deadline:  # 0: a worker is still starting
-        code = http_status(f"{url}/api/2.0/mlflow/users/get?username={quote(admin)}",
+        code = processes.http_status(f"{url}/api/2.0/mlflow/users/get?username={quote(admin)}",
                            auth=(admin, password), timeout=30.0)
     if code == 200:
         return
@@ -358,33 +322,6 @@ def check_admin_login(url: str, admin: str, password: str) -> None:
     raise ServerError(f"checking the admin login on {url} failed with HTTP {code}")
 
 
-def terminate_group(pgid: int) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after STOP_TIMEOUT_S."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        _reap(pgid)
-        if not group_alive(pgid):
-            return
-        time.sleep(0.2)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    while group_alive(pgid):
-        _reap(pgid)
-        time.sleep(0.1)
-
-
-def _reap(pid: int) -> None:
-    """Collect our own child's exit status so it does not linger as a zombie."""
-    with contextlib.suppress(ChildProcessError):  # not our child: nothing to collect
-        os.waitpid(pid, os.WNOHANG)
-
-
 def stop(layout: Layout | None = None) -> list[str]:
     """Stop the MLflow server and PostgreSQL; returns what was stopped (empty: nothing ran)."""
     layout = layout or default_layout()
@@ -394,8 +331,8 @@ def stop(layout: Layout | None = None) -> list[str]:
         # After a reboot the recorded pid may belong to someone else: only our server's
         # group is signalled (its workers outlive a crashed leader in the same group).
         if is_our_server(state.pid, layout) or (
-                group_alive(state.pid) and not process_alive(state.pid)):
-            terminate_group(state.pid)
+                processes.group_alive(state.pid) and not process_alive(state.pid)):
+            processes.terminate_group(state.pid, STOP_TIMEOUT_S)
             stopped.append(f"mlflow server (pid {state.pid}, {state.url})")
         layout.state_file.unlink()
     if (layout.pgdata / "postmaster.pid").exists():
@@ -422,7 +359,7 @@ def status(layout: Layout | None = None) -> Status:
     layout = layout or default_layout()
     state = read_state(layout)
     alive = state is not None and is_our_server(state.pid, layout)
-    healthy = alive and state is not None and http_status(f"{state.url}/health") == 200
+    healthy = alive and state is not None and processes.http_status(f"{state.url}/health") == 200
     pg = False
     if (layout.pgdata / "PG_VERSION").exists():
         pg = postgres_running(layout, postgres_bin_dir(), service_user())

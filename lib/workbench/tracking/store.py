@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import math
 import os
 import re
@@ -36,10 +37,40 @@ TRUNCATION_MARK = "...[truncated]"
 SERVER_TIMEOUT_S = 5.0  # one /health request; an unreachable server fails well within 10 s
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 
-# When a run on a tracking server ends, MLflow prints "View run <name> at: <url>" with the
-# URI's user:password in the URL. The workbench prints its own, redacted, lines instead; the
-# variable is inherited by sweep kernels and workers.
-os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+# MLflow 3's UI opens experiments in its GenAI view (traces, an empty overview) unless the URL
+# asks for the "Model training" workflow (``workflowType=machine_learning``, see ui_link), or,
+# where that selector is off, the experiment's kind tag says so.
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+UI_WORKFLOW = "workflowType=machine_learning"
+
+
+def quiet_mlflow_console() -> None:
+    """MLflow's console output as the workbench wants it, here and in every child process.
+
+    - When a run on a tracking server ends, MLflow prints "View run <name> at: <url>" with
+      the URI's user:password in the URL; the workbench prints its own, redacted, lines.
+    - MLflow logs at INFO (database creation and migration, system metrics started and
+      stopped) on every run, and a notebook shows each line as a stderr box; WARNING keeps
+      what needs attention. ``MLFLOW_LOGGING_LEVEL=INFO`` (MLflow's variable) brings them back.
+
+    The variables are inherited by sweep kernels, tune trials and Ray workers.
+    """
+    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+    if "MLFLOW_LOGGING_LEVEL" not in os.environ:
+        os.environ["MLFLOW_LOGGING_LEVEL"] = "WARNING"
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # mlflow is imported already
+
+
+quiet_mlflow_console()
+
+
+def ui_link(base: str, experiment_id: str | None = None, run_id: str | None = None) -> str:
+    """A page of MLflow's UI at ``base`` in its "Model training" view: the experiment list,
+    an experiment's runs table, or a run."""
+    path = "/"
+    if experiment_id is not None:
+        path = f"/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "")
+    return f"{base.rstrip('/')}/#{path}?{UI_WORKFLOW}"
 
 
 def resolve_tracking_uri(configured: str | None) -> str:
@@ -146,16 +177,27 @@ def _creation_lock(db_path: Path) -> Iterator[None]:
 
 
 def ensure_experiment(client: MlflowClient, name: str, uri: str) -> str:
-    """Id of experiment ``name``, created if missing (embedded store: fixed artifact root)."""
+    """Id of experiment ``name``, created if missing (embedded store: fixed artifact root).
+
+    The experiment is marked as model training (:data:`EXPERIMENT_KIND`) unless it says what
+    it is already, so that MLflow's UI opens it on the runs table.
+    """
     existing = get_experiment_or_explain(client, name, uri)
     if existing is not None:
+        if EXPERIMENT_KIND_TAG not in existing.tags:
+            # Marking someone else's team experiment needs MANAGE; without it the UI just
+            # opens on its default view, which is no reason to stop a run.
+            with contextlib.suppress(Exception):
+                client.set_experiment_tag(existing.experiment_id, EXPERIMENT_KIND_TAG,
+                                          EXPERIMENT_KIND)
         return existing.experiment_id
     location = None
     if is_embedded(uri):
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
         location = (artifacts_root(uri) / slug).as_uri()
     try:
-        return client.create_experiment(name, artifact_location=location)
+        return client.create_experiment(name, artifact_location=location,
+                                        tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     except Exception:
         # Another process (a parallel sweep point) created it first.
         existing = client.get_experiment_by_name(name)
@@ -171,7 +213,6 @@ def get_experiment_or_explain(client: MlflowClient, name: str, uri: str) -> Any:
     workbench.team.server) is reported before anything is created or computed.
     """
     from mlflow.exceptions import MlflowException
-
 
     try:
         return client.get_experiment_by_name(name)
