@@ -91,7 +91,7 @@ FIRING = {
     ),
     "iteration_time": (
         with_values(time__rollout_s=lambda v: [1.0] * 10 + [2.5] * 10),
-        {"first_s": 1.5, "last_s": 3.0, "growth": 2.0},
+        {"first_s": 1.5, "last_s": 3.0, "growth": 2.0, "trend": 0.75 ** 0.5},
     ),
     "nonfinite": (
         with_values(train__value_loss=put({12: math.nan})),
@@ -109,6 +109,14 @@ SILENT = {
                                           + [106.0] * 10),
     "iteration_time_grows_40_percent": with_values(
         time__rollout_s=lambda v: [1.0] * 10 + [1.6] * 10),
+    # Other load on a shared machine: slow iterations come and go (x1.5 between the thirds'
+    # medians, no trend) ...
+    "iteration_time_spiky": with_values(
+        time__rollout_s=lambda v: [2.0, 0.5, 2.0, 0.5, 0.5, 2.0, 0.5, 2.0, 2.0, 0.5] * 2),
+    # ... or stretch the wall clock while the run's own CPU time per iteration stays flat.
+    "iteration_wall_time_grows_cpu_time_flat": {
+        **with_values(time__rollout_s=lambda v: [1.0] * 10 + [2.5] * 10),
+        "time/rollout_cpu_s": [0.9] * ITERATIONS, "time/update_cpu_s": [0.45] * ITERATIONS},
 }
 
 
@@ -271,6 +279,29 @@ def test_gpu_temperature_clocks_and_throttling_from_synthetic_series() -> None:
     assert lenient.verdicts == ["update-bound"] and not lenient.gpu_throttled
     without = analyse_bottleneck(timing(0.4, 1.6, **GPU_BUSY), Thresholds())
     assert without.gpu_health is None and not without.gpu_throttled
+
+
+@pytest.mark.unit
+def test_iteration_time_is_judged_on_cpu_time_when_logged() -> None:
+    metrics = {key: series(values) for key, values in with_values(
+        time__rollout_s=const(1.0)).items()}
+    rising = [0.5 + 0.05 * k for k in range(ITERATIONS)]  # a leak: steadily more work
+    metrics |= {"time/rollout_cpu_s": series(rising), "time/update_cpu_s": series(
+        [0.4] * ITERATIONS)}
+    (found,) = diagnose(metrics, BUDGET, Thresholds())
+    assert found.check == "iteration_time" and found.evidence.startswith("median CPU time")
+    assert found.values["trend"] == pytest.approx(1.0)
+
+
+@pytest.mark.unit
+def test_cpu_mean_needs_samples_after_mlflows_first() -> None:
+    short = analyse_bottleneck(timing(1.0, 1.0, cpu_utilization_percentage=[0.0, 85.0]),
+                               Thresholds())
+    assert short.cpu_percent is None and short.cpu_samples == 1
+    assert short.verdict == "balanced"  # never "neither busy" from one 0 % sample
+    long = analyse_bottleneck(timing(1.0, 1.0, cpu_utilization_percentage=[0.0] + [80.0] * 3),
+                              Thresholds())
+    assert long.cpu_percent == 80.0 and long.cpu_samples == 3
 
 
 @pytest.mark.unit

@@ -17,11 +17,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from mlflow.entities import Metric
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from workbench.cli import main, parse
 from workbench.config import ConfigError
-from workbench.review import records, render, report
+from workbench.review import diagnostics, figures, records, render, report
 from workbench.review.selection import Selection, all_experiment_ids, find_runs, known_sweeps
 
 from . import reportdata
@@ -98,6 +98,16 @@ def test_report_content_of_a_real_sweep(sweep: reportdata.Sweep) -> None:
         b = rep.bottlenecks[run.run_id]
         assert b.rollout_s > 0 and b.update_s > 0 and 0 < b.rollout_share < 1
         assert b.verdict in {"sampling-bound", "update-bound", "neither busy", "balanced"}
+        # Runs of a few seconds: MLflow's first CPU sample (always 0) makes no mean, and the
+        # page says so instead of "0%".
+        if b.cpu_samples < diagnostics.MIN_CPU_SAMPLES:
+            assert b.cpu_percent is None and b.verdict != "neither busy"
+            assert render.cpu_text(b) in ("not logged", f"too few samples ({b.cpu_samples}; "
+                                          "MLflow samples every "
+                                          "tracking.system_metrics_interval_s)")
+        else:
+            assert b.cpu_percent is not None and b.cpu_percent > 0
+        assert b.memory_of == "process tree"  # the trainer's own, not the machine's
         assert run.tags["mlflow.note.content"].startswith(
             f"PPO on HalfCheetah-v5: {run.num_envs} envs x {run.n_steps} steps = "
             f"{run.num_envs * run.n_steps} samples per update")
@@ -280,6 +290,41 @@ def test_each_task_gets_its_own_heatmaps(scratch: tuple[MlflowClient, str, Path]
     hopper = records.grid_cells(records.points_by_env(rep.points)["hopper"])
     assert {cell: values["reward"] for cell, values in hopper.items()} == {
         (1, 8): 0.0, (2, 8): 1.0}
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+def test_a_point_that_failed_before_training_keeps_labels_short(
+        scratch: tuple[MlflowClient, str, Path]) -> None:
+    client, uri, _ = scratch
+    exp = experiment(scratch, "prefail")
+    params = {f"algo.key_{i:02d}": "1.0" for i in range(50)} | {"algo.n_epochs": "5"}
+    ids = []
+    for i, ne in enumerate((1, 2)):
+        run_id = synthetic_run(client, exp, f"p-ne{ne}", 1000 + i, {
+            "env": "hopper", "num_envs": str(ne), "n_steps": "8"}, reward=float(i))
+        client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()],
+                         metrics=[Metric("rollout/ep_rew_mean", float(s), 1000, s)
+                                  for s in (8, 16, 24)])
+        ids.append(run_id)
+    # The sweep's record of a point whose kernel died before training: tags, no params.
+    ids.append(synthetic_run(client, exp, "p-ne4", 1003, {
+        "env": "hopper", "num_envs": "4", "n_steps": "8", "error": "kernel died"},
+        status="FAILED"))
+    rep = records.build_report(client, Selection(run_ids=tuple(ids)), store=uri)
+    assert sorted(p.label for p in rep.points) == ["hopper-ne1-ns8", "hopper-ne2-ns8",
+                                                   "hopper-ne4-ns8"]
+    for figure in rep.figures:
+        width, height = png_size(figure.png)
+        assert width < 4000 and height < 4000, (figure.filename, width, height)
+    long = records.Point(label="x" * 500, runs=rep.points[0].runs)  # labels are cut anyway
+    curves = [figures.Curves(long.label, "#000000", [r.metrics["rollout/ep_rew_mean"]
+                                                      for r in long.runs])]
+    assert png_size(figures.png_bytes(figures.reward_figure(curves, [])))[0] < 4000
 
 
 # --------------------------------------------------------------------------- manifests

@@ -45,7 +45,7 @@ def test_report_page_loads_every_figure_without_errors(
         "i.naturalHeight]);")
     assert [alt for alt, *_ in images] == [
         "Reward vs environment steps", "Entropy, clip fraction and approx KL",
-        "Final reward, fps and wall time over the grid", "Time split per iteration"]
+        "Final reward, fps and training time over the grid", "Time split per iteration"]
     for alt, complete, width, height in images:
         assert complete and width > 0 and height > 0, alt
     resources = browser.execute_script(

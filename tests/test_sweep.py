@@ -16,6 +16,7 @@ import pytest
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from workbench.config import ConfigError, SweepConfig
+from workbench.sweeps import store as store_module
 from workbench.sweeps import sweep
 from workbench.sweeps.executors import LocalExecutor
 from workbench.sweeps.plan import expand_grid, plan_sweep, point_name
@@ -129,14 +130,14 @@ def test_point_environment_sets_the_budget_and_drops_mlflow_run_id(
 def test_results_table() -> None:
     table = sweep.results_table([
         PointOutcome("hopper-ne1-ns64-s0", "FINISHED", final_reward=12.345, fps=321.4,
-                           wall_s=20.2),
+                     wall_s=20.2, train_s=15.66),
         PointOutcome("hopper-ne2-ns64-s0", "FAILED", error="boom"),
     ])
     assert table.splitlines() == [
-        "point               status    final reward  fps  wall time",
-        "----------------------------------------------------------",
-        "hopper-ne1-ns64-s0  FINISHED          12.3  321       20 s",
-        "hopper-ne2-ns64-s0  FAILED               -    -          -",
+        "point               status    final reward  fps  training  point (kernel incl.)",
+        "-------------------------------------------------------------------------------",
+        "hopper-ne1-ns64-s0  FINISHED          12.3  321    15.7 s                  20 s",
+        "hopper-ne2-ns64-s0  FAILED               -    -         -                     -",
     ]
 
 
@@ -202,6 +203,12 @@ def test_two_by_two_sweep_with_two_workers_then_resume(store: Path) -> None:
     assert client.get_run(dead.info.run_id).info.status == "KILLED"
     assert sorted(r.info.status for r in runs_of("child")) == ["FINISHED"] * 4 + ["KILLED"]
     assert [r.info.run_id for r in runs_of("parent")] == [parent.info.run_id]
+    # The resume that had nothing to run adds its seconds to the sweep's wall time.
+    first, resumed = parent.data.metrics, client.get_run(parent.info.run_id).data.metrics
+    assert first["sweep/wall_time_s"] == first["sweep/attempt_wall_time_s"]
+    assert resumed["sweep/wall_time_s"] == pytest.approx(
+        first["sweep/wall_time_s"] + resumed["sweep/attempt_wall_time_s"])
+    assert "| training " in proc.stderr and "| point " in proc.stderr  # the two times, named
 
 
 def test_a_point_with_a_bad_parameter_fails_alone(store: Path) -> None:
@@ -237,6 +244,40 @@ def test_a_point_with_a_bad_parameter_fails_alone(store: Path) -> None:
     names = sorted(r.info.run_name for r in runs_of("child"))
     assert names == ["halfcheetah-ne1-ns64-s0", "halfcheetah-ne1-ns64-s0",
                      "halfcheetah-ne2-ns64-s0"]
+
+
+@pytest.mark.slow
+def test_a_point_whose_training_finished_before_the_timeout_is_finished(
+        store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sweep.timeout firing after training ended (a later cell cut short): the point is
+    FINISHED in the console, the result table and MLflow, and a rerun skips it, all agreeing.
+    The timing is made deterministic: papermill runs the real notebook, then the watchdog is
+    taken to have fired just as it ended."""
+    from workbench.sweeps import point as point_module
+
+    real = point_module.run_papermill
+
+    def timed_out_at_the_end(spec, output, kernel):  # noqa: ANN001, ANN202
+        real(spec, output, kernel)
+        kernel.stop_reason = "timeout"
+        return "KeyboardInterrupt: "
+
+    monkeypatch.setattr(point_module, "run_papermill", timed_out_at_the_end)
+    plan = plan_sweep(["sweep.num_envs=[1]", "sweep.n_steps=[64]", *POINT_TINY,
+                       "sweep.timeout=600"])
+    client, experiment_id = store_module.prepare_store(plan.tracking_uri, plan.experiment)
+    parent = store_module.start_parent_run(client, experiment_id, plan)
+    (spec,) = point_specs(plan, plan.points, parent, experiment_id, cpus_per_point=2)
+    output = store / "point.ipynb"
+    outcome = point_module.execute_point(spec, output)
+    (run,) = runs_of("child")
+    assert (outcome.status, run.info.status) == ("FINISHED", "FINISHED")
+    assert outcome.ok and outcome.error is None and "error" not in run.data.tags
+    assert outcome.note == ("training finished, then the notebook stopped: timed out after "
+                            "600 s (sweep.timeout); the kernel was stopped")
+    assert outcome.final_reward is not None and outcome.train_s is not None
+    again = point_module.execute_point(spec, output)  # a resumed sweep sees the same
+    assert again.status == "SKIPPED" and again.run_id == run.info.run_id
 
 
 def kernels_of(pid: int) -> list[psutil.Process]:

@@ -22,10 +22,16 @@ from typing import Any
 import numpy as np
 
 from workbench.config import ConfigError
+from workbench.tracking.metric_keys import PROCESS_MEMORY_KEY
 
 REWARD_KEYS = ("rollout/ep_rew_mean", "eval/mean_reward")  # first present wins
 CPU_KEY = "system/cpu_utilization_percentage"
-MEMORY_KEY = "system/system_memory_usage_megabytes"
+MEMORY_KEY = "system/system_memory_usage_megabytes"  # the whole machine's (MLflow's sampler)
+# The training process tree's own memory (PROCESS_MEMORY_KEY) is preferred; runs recorded
+# before it existed fall back to the machine's.
+# MLflow's CPU sampler reports 0 for its first sample (psutil's cpu_percent without a previous
+# call); it is dropped, and a mean needs this many samples after it.
+MIN_CPU_SAMPLES = 3
 # MLflow logs one series per GPU (system/gpu_0_utilization_percentage, ...); some stores carry
 # an unnumbered one.
 GPU_KEY = re.compile(r"^system/gpu(_\d+)?_utilization_percentage$")
@@ -59,15 +65,18 @@ class Thresholds:
     reward_flat_min_change: float = threshold(
         0.05, "flat: (last fifth - first fifth) / scale of the reward below this")
     iteration_time_growth: float = threshold(
-        1.5, "growing: last-third / first-third median iteration time above this")
-    min_iterations: int = threshold(6, "fewer iterations are too short to judge time trends")
+        1.5, "growing: last-third / first-third median iteration time above this ...")
+    iteration_time_trend: float = threshold(
+        0.5, "... and rising steadily: rank correlation of iteration time with iteration "
+        "number at least this (other load on the machine makes spikes, not a trend)")
+    min_iterations: int = threshold(10, "fewer iterations are too short to judge time trends")
     bound_share: float = threshold(
         0.6, "rollout (or update) share of the iteration time that dominates")
     cpu_busy_percent: float = threshold(60.0, "mean system CPU utilization counted as busy")
     gpu_busy_percent: float = threshold(50.0, "mean GPU utilization counted as busy")
     memory_creep_mb: float = threshold(
-        512.0, "system memory rise, first to last quarter of samples and rising in each, "
-        "that counts as creeping")
+        512.0, "memory rise of the training process tree (older runs: the machine's), first "
+        "to last quarter of samples and rising in each, that counts as creeping")
     gpu_throttle_percent: float = threshold(
         10.0, "percent of the samples with the GPU's clocks slowed for heat that counts as "
         "thermal throttling")
@@ -287,8 +296,14 @@ def check_reward_flat(
 def check_iteration_time(
     metrics: Mapping[str, Series], budget: int | None, limits: Thresholds
 ) -> Diagnostic | None:
-    """Time per iteration growing over the run: memory, logging or cache growth."""
-    times = iteration_seconds(metrics)
+    """Time per iteration growing steadily over the run: memory, logging or cache growth.
+
+    Judged on CPU seconds per iteration (``time/*_cpu_s``): what the run itself spent, so other
+    load on a shared machine, which stretches wall time, does not fire it. Runs recorded
+    before those existed are judged on wall time.
+    """
+    cpu = iteration_seconds(metrics, "time/rollout_cpu_s", "time/update_cpu_s")
+    times, kind = (cpu, "CPU") if cpu is not None else (iteration_seconds(metrics), "wall")
     if times is None or len(times) < limits.min_iterations:
         return None
     body = times[1:]  # the first iteration carries start-up costs
@@ -296,14 +311,18 @@ def check_iteration_time(
     first, last = float(np.median(body[:m])), float(np.median(body[-m:]))
     if first <= 0 or last / first < limits.iteration_time_growth:
         return None
+    trend = rank_correlation(body)
+    if trend < limits.iteration_time_trend:
+        return None
     return Diagnostic(
         check="iteration_time",
         title="iteration time growing",
-        evidence=f"median iteration time {first:.3g} s in the first third -> {last:.3g} s in "
-        f"the last (x{last / first:.2f}, over {len(times)} iterations)",
+        evidence=f"median {kind} time per iteration {first:.3g} s in the first third -> "
+        f"{last:.3g} s in the last (x{last / first:.2f}, over {len(times)} iterations; rank "
+        f"correlation with the iteration number {trend:.2f})",
         remedy="look for memory fragmentation, logging or caches that grow with the run "
-        "(objects kept across iterations), or other load on the machine",
-        values={"first_s": first, "last_s": last, "growth": last / first},
+        "(objects kept across iterations)",
+        values={"first_s": first, "last_s": last, "growth": last / first, "trend": trend},
     )
 
 
@@ -355,15 +374,17 @@ class Bottleneck:
     rollout_s: float  # total seconds collecting rollouts
     update_s: float  # total seconds in PPO updates
     rollout_share: float  # rollout / (rollout + update); NaN without timings
-    cpu_percent: float | None  # mean system CPU utilization
+    cpu_percent: float | None  # mean system CPU utilization (None: too few samples)
     gpu_percent: float | None  # mean GPU utilization (None: no GPU metrics)
-    memory_start_mb: float | None  # median system memory, first quarter of >= 8 samples
+    memory_start_mb: float | None  # median memory, first quarter of >= 8 samples
     memory_end_mb: float | None  # ... last quarter
     verdict: str  # sampling-bound | update-bound | neither busy | balanced | unknown
     remedy: str
     memory_creeping: bool
     gpu_health: GpuHealth | None = None  # None: no temperature or clock metrics
     gpu_throttled: bool = False  # thermal slowdown in >= gpu_throttle_percent of samples
+    cpu_samples: int = 0  # CPU samples the mean is over (MLflow's first one dropped)
+    memory_of: str = "process tree"  # whose memory: "process tree" or "whole machine"
 
     @property
     def memory_rise_mb(self) -> float | None:
@@ -388,9 +409,8 @@ REMEDIES = {
     "(env.num_envs), CPU affinity",
     "balanced": "neither part dominates: scale both (more envs and a larger batch)",
     "unknown": "no time/rollout_s or time/update_s logged",
-    "memory creeping up": "system-wide memory: rule out other jobs on the machine, then find "
-    "what is kept alive across iterations (tensors, buffers, lists, caches): a leak ends in an "
-    "out-of-memory error",
+    "memory creeping up": "find what is kept alive across iterations (tensors, buffers, "
+    "lists, caches): a leak ends in an out-of-memory error",
     "GPU throttling": "the GPU slowed its clocks for heat: check its cooling (fans, airflow, "
     "ambient temperature) and other jobs on it; nvidia-smi -q -d PERFORMANCE names the reason",
 }
@@ -403,11 +423,14 @@ def analyse_bottleneck(metrics: Mapping[str, Series], limits: Thresholds | None 
     rollout = finite_sum(metrics.get("time/rollout_s"))
     update = finite_sum(metrics.get("time/update_s"))
     share = rollout / (rollout + update) if rollout + update > 0 else math.nan
-    cpu = finite_mean(metrics.get(CPU_KEY))
+    cpu_values = finite_values(metrics.get(CPU_KEY))[1:]
+    cpu = float(np.mean(cpu_values)) if len(cpu_values) >= MIN_CPU_SAMPLES else None
     gpu_series = [s for k, s in metrics.items() if GPU_KEY.match(k)]
     gpu_means = [m for m in (finite_mean(s) for s in gpu_series) if m is not None]
     gpu = float(np.mean(gpu_means)) if gpu_means else None
-    quarters = quarter_medians(metrics.get(MEMORY_KEY))
+    memory_of = "process tree" if PROCESS_MEMORY_KEY in metrics else "whole machine"
+    memory_key = PROCESS_MEMORY_KEY if memory_of == "process tree" else MEMORY_KEY
+    quarters = quarter_medians(metrics.get(memory_key))
     start, end = (quarters[0], quarters[-1]) if quarters else (None, None)
     # A leak grows steadily: every quarter at least as high as the one before, and the whole
     # rise past the limit. One-off jumps (another job starting on the machine) do not count.
@@ -423,7 +446,7 @@ def analyse_bottleneck(metrics: Mapping[str, Series], limits: Thresholds | None 
                                       ("GPU throttling", throttled)) if seen]
     remedy = "; ".join([REMEDIES[verdict], *(REMEDIES[name] for name in extras)])
     return Bottleneck(rollout, update, share, cpu, gpu, start, end, verdict, remedy, creeping,
-                      health, throttled)
+                      health, throttled, cpu_samples=len(cpu_values), memory_of=memory_of)
 
 
 def gpu_health(metrics: Mapping[str, Series]) -> GpuHealth | None:
@@ -493,9 +516,10 @@ def longest_streak(flags: np.ndarray) -> tuple[int, int]:
     return best_start, best_len
 
 
-def iteration_seconds(metrics: Mapping[str, Series]) -> np.ndarray | None:
+def iteration_seconds(metrics: Mapping[str, Series], rollout_key: str = "time/rollout_s",
+                      update_key: str = "time/update_s") -> np.ndarray | None:
     """rollout + update seconds per iteration, matched by step (None without timings)."""
-    rollout, update = metrics.get("time/rollout_s"), metrics.get("time/update_s")
+    rollout, update = metrics.get(rollout_key), metrics.get(update_key)
     if rollout is None or update is None:
         return None
     by_step = dict(zip(update.steps.tolist(), update.values.tolist(), strict=True))
@@ -504,11 +528,31 @@ def iteration_seconds(metrics: Mapping[str, Series]) -> np.ndarray | None:
     return np.asarray(times, dtype=float)
 
 
+def rank_correlation(values: np.ndarray) -> float:
+    """Spearman's rank correlation of ``values`` with their index (1: steadily rising); tied
+    values share their mean rank, so a flat stretch counts as no trend."""
+    n = len(values)
+    if n < 3 or np.all(values == values[0]):
+        return 0.0
+    ranks = np.empty(n)
+    ranks[np.argsort(values, kind="stable")] = np.arange(n, dtype=float)
+    _, tie_group = np.unique(values, return_inverse=True)
+    ranks = (np.bincount(tie_group, ranks) / np.bincount(tie_group))[tie_group]
+    return float(np.corrcoef(np.arange(n, dtype=float), ranks)[0, 1])
+
+
 def finite_sum(s: Series | None) -> float:
     """Sum of the finite values (0 for a missing series)."""
     if s is None:
         return 0.0
     return float(np.sum(s.values[np.isfinite(s.values)]))
+
+
+def finite_values(s: Series | None) -> np.ndarray:
+    """The finite values of a series, in order (empty for a missing series)."""
+    if s is None:
+        return np.empty(0)
+    return s.values[np.isfinite(s.values)]
 
 
 def finite_mean(s: Series | None) -> float | None:

@@ -37,6 +37,9 @@ STYLE: dict[Any, Any] = {  # rcParams keys are Literal-typed in matplotlib's stu
 }
 PANEL_SIZE = (7.0, 5.2)  # inches per panel
 DPI = 100
+# Legend entries and bar labels longer than this are cut with an ellipsis: one long label
+# (a point whose params all differ) would otherwise widen the whole figure past any screen.
+LABEL_CHARS = 60
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ class GridMetric:
 GRID_METRICS = (
     GridMetric("reward", "Final eval reward", "mean return", "{:.1f}", True),
     GridMetric("fps", "Throughput", "env steps/s", "{:.0f}", True),
-    GridMetric("wall", "Wall time", "s", "{:.1f}", False),
+    GridMetric("wall", "Training time", "s", "{:.1f}", False),
 )
 
 
@@ -89,6 +92,11 @@ def png_bytes(fig: Figure) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight", facecolor="white")
     return buffer.getvalue()
+
+
+def short(label: str, limit: int = LABEL_CHARS) -> str:
+    """``label`` cut to ``limit`` characters, the cut marked with an ellipsis."""
+    return label if len(label) <= limit else label[: limit - 1] + "…"
 
 
 def plain_text(fig: Figure) -> None:
@@ -150,7 +158,7 @@ def draw_curves(ax: Axes, curves: Sequence[Curves], *, title: str, ylabel: str,
             if not len(steps):
                 continue
             seeds = len([s for s in c.series if len(s)])
-            label = c.label if seeds == 1 else f"{c.label} ({seeds} seeds)"
+            label = short(c.label) if seeds == 1 else f"{short(c.label)} ({seeds} seeds)"
             ax.plot(steps, mean, color=c.color, label=label, marker="o" if len(steps) < 8 else "")
             if seeds > 1:
                 ax.fill_between(steps, mean - std, mean + std, color=c.color, alpha=0.18)
@@ -294,7 +302,7 @@ def time_split_figure(rows: Sequence[TimeSplit]) -> Figure:
     """Stacked bars per point: seconds per iteration collecting, updating, evaluating."""
     fig, (ax,) = new_figure(1)
     fig.set_size_inches(PANEL_SIZE[0] * 2, max(3.5, 1.0 + 0.75 * len(rows)))
-    labels = [r.label for r in rows]
+    labels = [short(r.label) for r in rows]
     rollout = np.array([r.rollout_s for r in rows])
     update = np.array([r.update_s for r in rows])
     evaluation = np.array([r.eval_s for r in rows])

@@ -215,7 +215,7 @@ class Point:
 
     def rank_key(self) -> tuple[bool, bool, float, float, str]:
         """Diverged points last, then unfinished ones, then by mean reward (best first);
-        equal rewards (a solved task) by wall time, fastest first."""
+        equal rewards (a solved task) by training time, fastest first."""
         reward, wall = self.reward_mean, self.mean("summary/wall_time_s")
         return (self.diverged, not self.finished, -reward if not math.isnan(reward) else math.inf,
                 wall if not math.isnan(wall) else math.inf, self.label)
@@ -283,9 +283,13 @@ def group_points(runs: Sequence[RunRecord]) -> list[Point]:
 
 
 def varying_params(runs: Sequence[RunRecord]) -> list[str]:
-    """Params (other than seed and bookkeeping) whose values differ between the runs."""
+    """Params (other than seed and bookkeeping) whose values differ between the runs.
+
+    Only runs that logged a param count for it: a point that failed before training logged
+    none, and its run must not make every param look varied (labels listing ~50 params).
+    """
     keys = sorted({k for r in runs for k in r.params if not k.startswith(POINT_IGNORED)})
-    return [k for k in keys if len({r.params.get(k) for r in runs}) > 1]
+    return [k for k in keys if len({r.params[k] for r in runs if k in r.params}) > 1]
 
 
 def base_label(run: RunRecord) -> str:
@@ -451,7 +455,8 @@ def render_figures(points: Sequence[Point], thresholds: Thresholds) -> list[Figu
         suffix = f"-{re.sub(r'[^A-Za-z0-9_.-]+', '_', env)}" if len(by_env) > 1 else ""
         where = f" ({env})" if len(by_env) > 1 else ""
         out.append(FigureFile(
-            f"grid_heatmaps{suffix}.png", f"Final reward, fps and wall time over the grid{where}",
+            f"grid_heatmaps{suffix}.png",
+            f"Final reward, fps and training time over the grid{where}",
             "Mean over the runs (seeds) of each (num_envs, n_steps) cell; dashed lines join "
             "cells with the same samples per update (num_envs × n_steps).",
             figures.png_bytes(figures.grid_figure(cells, figures.GRID_METRICS))))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from workbench.review.diagnostics import GpuHealth
+from workbench.review.diagnostics import MIN_CPU_SAMPLES, Bottleneck, GpuHealth
 from workbench.review.records import EnvironmentFacts, FigureFile, Report
 
 # Characters with a meaning in Markdown (CommonMark and GitHub's: links, emphasis, code, tables,
@@ -104,11 +104,11 @@ def ranking_blocks(report: Report) -> list[Block]:
     return [
         Block("h2", "Ranking"),
         Block("p", "Ranked by final deterministic evaluation reward (mean over seeds, ± std "
-                   "over seeds); equal rewards by wall time, fastest first. Points with NaN/inf "
-                   "in any metric rank below all others, then points with runs that did not "
-                   "finish."),
+                   "over seeds); equal rewards by training time (model.learn alone), fastest "
+                   "first. Points with NaN/inf in any metric rank below all others, then "
+                   "points with runs that did not finish."),
         Block("table", headers=("#", "point", "seeds", "final eval reward", "fps (steps/s)",
-                                "wall time (s)", "peak memory (MiB)", "status", "runs"),
+                                "training time (s)", "peak memory (MiB)", "status", "runs"),
               rows=tuple(rows)),
     ]
 
@@ -142,15 +142,17 @@ def diagnostic_blocks(report: Report) -> list[Block]:
 
 def bottleneck_blocks(report: Report) -> list[Block]:
     """A small verdict table per run."""
+    t = report.thresholds
     blocks = [
         Block("h2", "Where the time goes"),
-        Block("p", f"Rollout vs update time from time/rollout_s and time/update_s; CPU, GPU "
-                   f"and memory from MLflow's system metrics, GPU temperature and clocks from "
-                   f"NVML. A phase with ≥ {report.thresholds.bound_share:.0%} of the iteration "
-                   f"time dominates; busy means CPU ≥ {report.thresholds.cpu_busy_percent:g}% "
-                   f"or GPU ≥ {report.thresholds.gpu_busy_percent:g}%; clocks slowed for heat "
-                   f"in ≥ {report.thresholds.gpu_throttle_percent:g}% of samples is GPU "
-                   f"throttling."),
+        Block("p", f"Rollout vs update time from time/rollout_s and time/update_s; CPU and "
+                   f"GPU utilization from MLflow's system metrics (the first CPU sample, always "
+                   f"0, dropped; a mean needs {MIN_CPU_SAMPLES} more), memory of the training "
+                   f"process tree (PSS, sampled at rollout ends), GPU temperature and clocks "
+                   f"from NVML. A phase with ≥ {t.bound_share:.0%} of the iteration time "
+                   f"dominates; busy means CPU ≥ {t.cpu_busy_percent:g}% or GPU ≥ "
+                   f"{t.gpu_busy_percent:g}%; clocks slowed for heat in ≥ "
+                   f"{t.gpu_throttle_percent:g}% of samples is GPU throttling."),
     ]
     for run in report.runs:
         b = report.bottlenecks[run.run_id]
@@ -161,13 +163,12 @@ def bottleneck_blocks(report: Report) -> list[Block]:
         rows = (
             ("rollout / update time", f"{b.rollout_s:.2f} s / {b.update_s:.2f} s "
                                       f"({fmt(b.rollout_share * 100, '.0f')}% rollout)"),
-            ("CPU utilization (mean)", fmt(b.cpu_percent, ".0f", "%")
-             if b.cpu_percent is not None else "not logged"),
+            ("CPU utilization (mean)", cpu_text(b)),
             ("GPU utilization (mean)", fmt(b.gpu_percent, ".0f", "%")
              if b.gpu_percent is not None else "no GPU metrics"),
             *((("GPU temperature and clocks", gpu_health_text(b.gpu_health)),)
               if b.gpu_health is not None else ()),
-            ("system memory, whole machine (first → last quarter)", memory),
+            (f"memory, {b.memory_of} (first → last quarter)", memory),
             ("verdict", " + ".join(b.verdicts)),
             ("usual remedy", b.remedy),
         )
@@ -194,6 +195,16 @@ def gpu_health_text(health: GpuHealth) -> str:
     if shares:
         parts.append(", ".join(shares) + " of samples")
     return "; ".join(parts) or "not logged"
+
+
+def cpu_text(b: Bottleneck) -> str:
+    """Mean CPU utilization, or why there is none."""
+    if b.cpu_percent is not None:
+        return f"{fmt(b.cpu_percent, '.0f', '%')} ({b.cpu_samples} samples)"
+    if b.cpu_samples == 0:
+        return "not logged"
+    return (f"too few samples ({b.cpu_samples}; MLflow samples every "
+            "tracking.system_metrics_interval_s)")
 
 
 def environment_blocks(env: EnvironmentFacts) -> list[Block]:

@@ -65,6 +65,7 @@ class PointOutcome:
     setup_s: float | None = None  # point start -> its run created (kernel start + imports)
     notebook: str | None = None  # where its executed notebook is kept
     notebook_json: str | None = None  # the executed notebook, carried back from a Ray worker
+    note: str | None = None  # something to know about a FINISHED point
 
     @property
     def ok(self) -> bool:
@@ -247,9 +248,15 @@ def execute_point(spec: PointSpec, output: Path, kernel: PointKernel | None = No
         error = "interrupted: the sweep was stopped (Ctrl-C or SIGTERM)"
     wall = time.time() - started
     run = settle_runs(client, spec, started, error, status)
-    if error is None and run is not None and run.info.status == FINISHED:
-        return outcome_from_run(spec.point, FINISHED, run, wall_s=wall, notebook=str(output),
-                                started=started)
+    if run is not None and run.info.status == FINISHED:
+        # The run is the point's result. When the kernel was stopped (sweep.timeout, Ctrl-C)
+        # or a cell failed after training had finished, the point is FINISHED all the same,
+        # as its run says and as a resumed sweep will see it; the note says what was cut.
+        outcome = outcome_from_run(spec.point, FINISHED, run, wall_s=wall,
+                                   notebook=str(output), started=started)
+        if error is not None:
+            outcome.note = f"training finished, then the notebook stopped: {error}"
+        return outcome
     error = error or "the notebook ended without a FINISHED run"
     return PointOutcome(spec.point, status, run_id=run.info.run_id if run else None, error=error,
                         wall_s=wall, notebook=str(output))

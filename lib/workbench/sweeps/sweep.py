@@ -128,13 +128,20 @@ def sweep_with(plan: SweepPlan, executor: Executor) -> SweepResult:
 
 def finish_parent(client: MlflowClient, parent_id: str, outcomes: Sequence[PointOutcome],
                   wall_s: float, status: str | None = None) -> str:
-    """Close the parent run: FINISHED when every point is, else FAILED (or KILLED)."""
+    """Close the parent run: FINISHED when every point is, else FAILED (or KILLED).
+
+    ``sweep/attempt_wall_time_s`` is this attempt's wall time; ``sweep/wall_time_s`` the sum
+    over every attempt of the sweep (a resume that had nothing left to run adds seconds, it
+    does not replace the hours the points took).
+    """
     failed = [o for o in outcomes if not o.ok]
     status = status or (FAILED if failed else FINISHED)
+    earlier = client.get_run(parent_id).data.metrics.get("sweep/wall_time_s", 0.0)
     metrics = {
         "sweep/points_finished": sum(o.ok for o in outcomes),
         "sweep/points_failed": len(failed),
-        "sweep/wall_time_s": wall_s,
+        "sweep/attempt_wall_time_s": wall_s,
+        "sweep/wall_time_s": earlier + wall_s,
     }
     for key, value in metrics.items():
         client.log_metric(parent_id, key, float(value))
@@ -162,7 +169,8 @@ def progress_bar(total: int, sweep_id: str) -> Any:
     def report(outcome: PointOutcome) -> None:
         bar.update(1)
         bar.write(f"{outcome.status:<8} {outcome.point}  {outcome_figures(outcome)}"
-                  + (f"  error: {outcome.error}" if outcome.error else ""), file=sys.stderr)
+                  + (f"  error: {outcome.error}" if outcome.error else "")
+                  + (f"  note: {outcome.note}" if outcome.note else ""), file=sys.stderr)
 
     try:
         yield report
@@ -171,14 +179,20 @@ def progress_bar(total: int, sweep_id: str) -> Any:
 
 
 def outcome_figures(outcome: PointOutcome) -> str:
-    """``reward .. | fps .. | wall ..`` for a finished point."""
+    """``reward .. | fps .. | training ..s | point ..s`` for a finished point.
+
+    Training time is ``model.learn`` alone (the report's and MLflow's ``summary/wall_time_s``);
+    the point's time adds the kernel's start, imports, env building and saving.
+    """
     parts = []
     if outcome.final_reward is not None:
         parts.append(f"reward {outcome.final_reward:.1f}")
     if outcome.fps is not None:
         parts.append(f"fps {outcome.fps:.0f}")
+    if outcome.train_s is not None:
+        parts.append(f"training {outcome.train_s:.1f}s")
     if outcome.wall_s is not None:
-        parts.append(f"wall {outcome.wall_s:.0f}s")
+        parts.append(f"point {outcome.wall_s:.0f}s")
     return " | ".join(parts)
 
 
@@ -211,13 +225,14 @@ def print_plan(plan: SweepPlan, executor: Executor, parent_id: str, todo: int,
 
 
 def results_table(outcomes: Sequence[PointOutcome]) -> str:
-    """The result table: point, status, final reward, fps, wall time."""
-    header = ("point", "status", "final reward", "fps", "wall time")
+    """The result table: point, status, final reward, fps, training and whole-point time."""
+    header = ("point", "status", "final reward", "fps", "training", "point (kernel incl.)")
     rows = [header] + [(
         o.point,
         o.status,
         "-" if o.final_reward is None else f"{o.final_reward:.1f}",
         "-" if o.fps is None else f"{o.fps:.0f}",
+        "-" if o.train_s is None else f"{o.train_s:.1f} s",
         "-" if o.wall_s is None else f"{o.wall_s:.0f} s",
     ) for o in outcomes]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

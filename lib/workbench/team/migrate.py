@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench import paths
 from workbench.config import ConfigError
-from workbench.team.server import http_status
+from workbench.processes import http_status
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import ensure_experiment
 

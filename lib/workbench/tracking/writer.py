@@ -19,7 +19,7 @@ from stable_baselines3.common.logger import KVWriter
 
 # SB3 records train/* inside train(), after the iteration's logs were dumped; they reach the
 # logger one dump late. These keys are re-dated to the iteration they belong to.
-LATE_PREFIXES = ("train/", "time/update_s")
+LATE_PREFIXES = ("train/", "time/update_s", "time/update_cpu_s")
 
 
 def numeric_items(values: Mapping[str, Any]) -> Iterable[tuple[str, float]]:

@@ -18,9 +18,13 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecEnv, sync_envs_normalization
 
+from workbench.tracking.metric_keys import PROCESS_MEMORY_KEY
+
 
 class IterationCallback(BaseCallback):
-    """Per-iteration additions: ``time/rollout_s``, ``time/update_s``, ``time/eval_s``,
+    """Per-iteration additions: ``time/rollout_s``, ``time/update_s``, ``time/eval_s``, their
+    CPU-time counterparts ``time/rollout_cpu_s``, ``time/update_cpu_s`` (CPU seconds of the
+    process tree: what the run itself spent, whatever else the machine runs),
     ``train/entropy`` and periodic deterministic evaluation (``eval/*``).
 
     A PPO iteration is: collect a rollout (between ``_on_rollout_start`` and
@@ -46,6 +50,7 @@ class IterationCallback(BaseCallback):
         self.next_eval = every_steps
         self.rollout_started = 0.0
         self.rollout_ended: float | None = None
+        self.cpu_mark = 0.0  # tree CPU seconds at the last rollout start or end
 
     def _on_training_start(self) -> None:
         # A resumed run starts at its checkpoint's num_timesteps: the evaluations due up to
@@ -54,24 +59,29 @@ class IterationCallback(BaseCallback):
             self.next_eval += self.every_steps
 
     def _on_rollout_start(self) -> None:
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), tree_cpu_seconds()
+        if self.rollout_ended is not None:
+            self.logger.record("time/update_cpu_s", cpu - self.cpu_mark)
         self._record_update(now)
-        self.rollout_started = now
+        self.rollout_started, self.cpu_mark = now, cpu
 
     def _on_step(self) -> bool:
         return True
 
     def _on_rollout_end(self) -> None:
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), tree_cpu_seconds()
         self.logger.record("time/rollout_s", now - self.rollout_started)
+        self.logger.record("time/rollout_cpu_s", cpu - self.cpu_mark)
         if self.eval_env is not None and self._eval_due():
             mean, std = evaluate(self.model, self.training_env, self.eval_env, self.n_episodes)
             self.logger.record("eval/mean_reward", mean)
             self.logger.record("eval/std_reward", std)
             self.logger.record("time/eval_s", time.perf_counter() - now)
-        self.rollout_ended = time.perf_counter()
+        self.rollout_ended, self.cpu_mark = time.perf_counter(), tree_cpu_seconds()
 
     def _on_training_end(self) -> None:
+        if self.rollout_ended is not None:
+            self.logger.record("time/update_cpu_s", tree_cpu_seconds() - self.cpu_mark)
         self._record_update(time.perf_counter())
         self.logger.dump(self.num_timesteps)
 
@@ -170,6 +180,7 @@ class MemoryPeak(BaseCallback):
         super().__init__()
         self.every_s = every_s
         self.peak_bytes = 0
+        self.last_bytes = 0
         self.sampled_at = -math.inf
 
     def _on_step(self) -> bool:
@@ -178,6 +189,8 @@ class MemoryPeak(BaseCallback):
     def _on_rollout_end(self) -> None:
         if time.monotonic() - self.sampled_at >= self.every_s:
             self.sample()
+            # The tree's memory over the run: what "memory creeping up" in a report reads.
+            self.logger.record(PROCESS_MEMORY_KEY, self.last_bytes / 2**20)
 
     def _on_training_end(self) -> None:
         self.sample()
@@ -185,13 +198,25 @@ class MemoryPeak(BaseCallback):
     def sample(self) -> None:
         """Add the tree's current RSS to the peak."""
         self.sampled_at = time.monotonic()
-        self.peak_bytes = max(self.peak_bytes, tree_rss_bytes())
+        self.last_bytes = tree_rss_bytes()
+        self.peak_bytes = max(self.peak_bytes, self.last_bytes)
 
     @property
     def peak_mb(self) -> float:
         """The peak in MiB: the sampled tree's, or this process's own peak if higher."""
         own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
         return max(self.peak_bytes, own) / 2**20
+
+
+def tree_cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its live descendants (env workers)."""
+    me = psutil.Process()
+    total = 0.0
+    for process in (me, *me.children(recursive=True)):
+        with contextlib.suppress(psutil.Error):  # a child that just exited
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
 
 
 def tree_rss_bytes() -> int:

@@ -167,7 +167,7 @@ def summary_rows(result: TrainResult) -> list[tuple[str, object]]:
         ("final eval reward",
          f"{result.eval_mean_reward:.1f} +- {result.eval_std_reward:.1f} (deterministic)"),
         ("fps", f"{result.fps:.0f} steps/s"),
-        ("wall time", f"{result.wall_time_s:.1f} s"),
+        ("training time", f"{result.wall_time_s:.1f} s (model.learn)"),
         ("peak memory", f"{result.peak_rss_mb:.0f} MiB (PSS of the process tree)"),
         ("artifacts", redact_uri(result.artifact_uri)),
         ("tracking", redact_uri(result.tracking_uri)),
