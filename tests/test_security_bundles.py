@@ -197,6 +197,7 @@ def test_unlisted_file_fails_the_pull_and_is_not_kept(
     assert_refused(code, err, place, "payload.py is not listed in bundle.json")
 
 
+@pytest.mark.slow  # two `python -m workbench` processes: ~30 s on a loaded machine
 def test_a_kept_payload_cannot_be_imported_by_a_second_bundle(
     genuine: Files, tmp_path: Path
 ) -> None:
