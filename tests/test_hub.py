@@ -368,7 +368,8 @@ def test_pull_rejects_an_altered_bundle(
     with pytest.raises(hub.BundleError, match=r"ONNX Runtime differs from the shipped sample "
                                               r"actions by 1\.00e-03"):
         hub.pull(REPO, "bad2")
-    assert commit  # the first altered commit was materialized but never verified as good
+    # A commit that fails verification is never kept (it was checked in a staging copy).
+    assert not (exported_run.store / "hub" / REPO / commit).exists()
 
 
 # --------------------------------------------------------------------------- using a pulled bundle

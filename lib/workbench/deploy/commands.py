@@ -1,9 +1,14 @@
 """``workbench export`` and ``workbench hub``: their arguments and what they run.
 
     workbench export --run RUN_ID | --bundle DIR | --repo-id ORG/NAME --revision REV
-                     [--observations N] [--episodes N] [--calls N] [--warmup N]
+                     [--allow-module MODULE]... [--observations N] [--episodes N] [--calls N]
+                     [--warmup N]
     workbench hub push --run RUN_ID --repo-id ORG/NAME [--public]
-    workbench hub pull --repo-id ORG/NAME --revision REV
+    workbench hub pull --repo-id ORG/NAME --revision REV [--allow-module MODULE]...
+
+A bundle is data: its ``config.yaml`` may name an env as ``module:Id`` (gymnasium would import
+the module) only when that module is allowed with ``--allow-module`` (repeatable; a package
+allows its submodules).
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ import sys
 
 from workbench.config import ConfigError
 from workbench.deploy import export, hub
-from workbench.training.bundle import BundleError, check_repo_id
+from workbench.training.bundle import check_repo_id
+from workbench.training.bundle_format import BundleError
 
 EXPORT_HELP = ("export a run's policy (or a pulled Hub bundle's) to TorchScript + ONNX and "
                "verify it: parity, replay and latency")
@@ -27,6 +33,7 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--bundle", metavar="DIR", help="a bundle pulled by `workbench hub pull`")
     source.add_argument("--repo-id", metavar="ORG/NAME", help="pull this Hub bundle first")
     parser.add_argument("--revision", metavar="SHA|TAG", help="with --repo-id: the revision")
+    add_allow_module(parser)
     budget = parser.add_argument_group("check sizes")
     budget.add_argument("--observations", type=int, default=export.DEFAULT_OBSERVATIONS,
                         metavar="N", help="recorded observations for the parity check "
@@ -52,13 +59,20 @@ def export_command(args: argparse.Namespace) -> int:
     export.check_budget(**budget)
     if args.revision and not args.repo_id:
         raise ConfigError("--revision: only with --repo-id ORG/NAME")
+    allowed = allowed_modules(args.allow_module)
+    if allowed and args.run:
+        raise ConfigError("--allow-module: only with --bundle or --repo-id (a bundle's env)")
     export.quiet_downloads()
-    if args.run:
-        result = export.export_run(args.run, **budget)
-    else:
-        directory = (pull_verified(args.repo_id, args.revision).directory if args.repo_id
-                     else hub.bundle_directory(args.bundle))
-        result = hub.verify_export(directory, **budget)
+    try:
+        if args.run:
+            result = export.export_run(args.run, **budget)
+        else:
+            directory = (pull_verified(args.repo_id, args.revision, allowed).directory
+                         if args.repo_id else hub.bundle_directory(args.bundle))
+            result = hub.verify_export(directory, allowed, **budget)
+    except BundleError as exc:
+        print(f"workbench: bundle verification failed: {exc}", file=sys.stderr)
+        return 1
     print(export.format_report(result.report))
     print(f"files: {result.directory}")
     if not result.passed:
@@ -83,6 +97,24 @@ def add_hub_arguments(parser: argparse.ArgumentParser) -> None:
     pull.add_argument("--repo-id", metavar="ORG/NAME", required=True)
     pull.add_argument("--revision", metavar="SHA|TAG", required=True,
                       help="a commit SHA or a tag (resolved once, then pinned)")
+    add_allow_module(pull)
+
+
+def add_allow_module(parser: argparse.ArgumentParser) -> None:
+    """``--allow-module MODULE``: the only way a bundle's ``module:Id`` env gets imported."""
+    parser.add_argument(
+        "--allow-module", action="append", default=[], metavar="MODULE",
+        help="let a bundle's config.yaml name env.id=MODULE:Id (or a submodule of MODULE); "
+        "importing it runs its code, so name only modules you trust (repeatable)")
+
+
+def allowed_modules(names: list[str]) -> list[str]:
+    """The ``--allow-module`` values, each checked to be a dotted Python module name."""
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise ConfigError(f"--allow-module {name!r}: not a Python module name (e.g. "
+                              "--allow-module yourpkg.robots)")
+    return names
 
 
 def hub_command(args: argparse.Namespace) -> int:
@@ -92,13 +124,14 @@ def hub_command(args: argparse.Namespace) -> int:
         if args.hub_action == "push":
             hub.print_push(hub.push(args.run, check_repo_id(args.repo_id), private=not args.public))
         else:
-            hub.print_pull(pull_verified(args.repo_id, args.revision))
+            allowed = allowed_modules(args.allow_module)
+            hub.print_pull(pull_verified(args.repo_id, args.revision, allowed))
     except BundleError as exc:
         print(f"workbench: bundle verification failed: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
-def pull_verified(repo_id: str, revision: str) -> hub.PulledBundle:
+def pull_verified(repo_id: str, revision: str, allowed: list[str]) -> hub.PulledBundle:
     """``hub.pull`` with the repository id checked first (one line on a bad id)."""
-    return hub.pull(check_repo_id(repo_id), revision)
+    return hub.pull(check_repo_id(repo_id), revision, allowed)

@@ -17,7 +17,7 @@ import shlex
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,22 +32,26 @@ from workbench.deploy import export, graph
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import set_tags
 from workbench.training.bundle import (
-    BUNDLE_FORMAT,
-    INDEX_NAME,
     PARITY_TOLERANCE,
-    BundleError,
+    PULL_TRUST_HINT,
+    CheckedBundle,
     PulledBundle,
     check_files,
     check_repo_id,
     check_weights,
     checks_summary,
-    download,
     load_bundle_source,
-    load_samples,
+)
+from workbench.training.bundle import pull as pull_bundle
+from workbench.training.bundle_format import (
+    BUNDLE_FORMAT,
+    CARD_NAME,
+    INDEX_NAME,
+    BundleError,
+    BundleRefused,
     sha256,
 )
 
-CARD_NAME = "README.md"
 # What a bundle holds, and what each file is (model card and `workbench hub pull` output).
 BUNDLE_FILES = {
     "policy.onnx": "raw observation -> deterministic action; normalization and action "
@@ -89,7 +93,7 @@ class PushResult:
 def bundle_directory(text: str) -> Path:
     """A bundle directory given on the command line, checked to exist."""
     directory = Path(text).expanduser().resolve()
-    if not (directory / INDEX_NAME).is_file():
+    if not directory.is_dir() or not (directory / INDEX_NAME).is_file():
         raise ConfigError(
             f"{text}: no {INDEX_NAME} there; pass the directory printed by "
             "`workbench hub pull`"
@@ -341,40 +345,99 @@ def reproducible(flat: Mapping[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- verifying a bundle
 
 
-def verify_bundle(directory: Path) -> dict[str, Any]:
-    """Check a bundle before use; raises BundleError naming the first failed check.
+def verify_bundle(checked: CheckedBundle) -> dict[str, Any]:
+    """Verify a bundle that passed the static checks; raises BundleError naming the first
+    failed check.
 
-    Every file matches its sha256 in bundle.json; manifest.json is there if the run had one
-    (:func:`workbench.training.bundle.check_files`); the ONNX graph passes ``onnx.checker``,
+    The ONNX graph holds its own weights (no external data files), passes ``onnx.checker``,
     loads in ONNX Runtime and reproduces the shipped sample actions; so does the SB3 policy
     rebuilt from the safetensors weights, within the export tolerance.
     """
-    import onnx
-
-    index = check_files(directory)
-    onnx_path = directory / "policy.onnx"
-    onnx.checker.check_model(onnx.load(str(onnx_path)), full_check=True)
-    session = graph.onnx_session(onnx_path)
-    obs, expected = load_samples(directory)
-    onnx_diff = float(np.max(np.abs(session.run(None, {export.INPUT_NAME: obs})[0] - expected)))
-    if onnx_diff > PARITY_TOLERANCE:
+    onnx_path = checked.directory / "policy.onnx"
+    check_onnx(onnx_path, checked.label)
+    failures: tuple[type[Exception], ...] = (*onnx_runtime_errors(), ValueError)
+    try:
+        session = graph.onnx_session(onnx_path)
+        actions = session.run(None, {export.INPUT_NAME: checked.observations})[0]
+        onnx_diff = float(np.max(np.abs(actions - checked.actions)))
+    except failures as exc:
+        raise BundleError(f"{checked.label}: policy.onnx does not run on the shipped samples "
+                          f"in ONNX Runtime: {str(exc).splitlines()[0][:200]}") from exc
+    if not onnx_diff <= PARITY_TOLERANCE:  # NaN fails too
         raise BundleError(
-            f"{directory}: ONNX Runtime differs from the shipped sample actions by "
+            f"{checked.label}: ONNX Runtime differs from the shipped sample actions by "
             f"{onnx_diff:.2e} (> {PARITY_TOLERANCE:.0e})"
         )
-    checks = checks_summary(directory, index, check_weights(directory))
-    return {**checks, "onnx": f"checker ok, opset {index['onnx_opset']}",
+    checks = checks_summary(checked, check_weights(checked))
+    return {**checks, "onnx": f"checker ok, opset {checked.index.onnx_opset}",
             "onnx_max_abs_diff": onnx_diff}
 
 
-def verify_export(directory: Path, **budget: int) -> export.ExportResult:
+def check_onnx(path: Path, label: str) -> None:
+    """``policy.onnx`` parses, keeps every tensor inside the file and passes ``onnx.checker``.
+
+    External data would make ONNX (and ONNX Runtime) read other files, named by the graph,
+    relative to it: a bundle's graph is refused unless it is self-contained.
+    """
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, OSError) as exc:
+        raise BundleRefused(label, f"policy.onnx is not an ONNX model ({exc})") from exc
+    if any(onnx.external_data_helper.uses_external_data(t) for t in graph_tensors(model)):
+        raise BundleRefused(label, "policy.onnx refers to external data files; a bundle's "
+                            "graph holds its own weights")
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise BundleError(f"{label}: policy.onnx fails onnx.checker: "
+                          f"{str(exc).splitlines()[0][:200]}") from exc
+
+
+def graph_tensors(model: Any) -> Iterator[Any]:
+    """Every TensorProto of an ONNX model: initializers and node attributes, subgraphs and
+    functions included."""
+    def of_nodes(nodes: Any) -> Iterator[Any]:
+        for node in nodes:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    yield attr.t
+                yield from attr.tensors
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    yield from of_graph(sub)
+
+    def of_graph(g: Any) -> Iterator[Any]:
+        yield from g.initializer
+        for sparse in g.sparse_initializer:
+            yield from (sparse.values, sparse.indices)
+        yield from of_nodes(g.node)
+
+    yield from of_graph(model.graph)
+    for function in model.functions:
+        yield from of_nodes(function.node)
+
+
+def onnx_runtime_errors() -> tuple[type[Exception], ...]:
+    """ONNX Runtime's exception classes (its pybind layer's, not RuntimeError subclasses)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+    names = ("Fail", "InvalidArgument", "InvalidGraph", "InvalidProtobuf", "NoSuchFile",
+             "NotImplemented", "RuntimeException", "EPFail")
+    return tuple(getattr(ort_state, n) for n in names if hasattr(ort_state, n))
+
+
+def verify_export(directory: Path, allowed_modules: Sequence[str] = (), **budget: int
+                  ) -> export.ExportResult:
     """``workbench export`` on a pulled bundle: parity, replay and latency of its policy.
 
     The report goes next to the bundle (``<commit>-export/``), never into it: the pulled
     directory stays byte-identical to the commit.
     """
-    verify_bundle(directory)
-    source = load_bundle_source(directory, label=f"bundle {directory}")
+    checked = check_files(directory, str(directory), allowed_modules, PULL_TRUST_HINT)
+    verify_bundle(checked)
+    source = load_bundle_source(checked, label=f"bundle {directory}")
     out = directory.with_name(directory.name + "-export")
     return export.export_policy(source, out, **budget)
 
@@ -433,10 +496,13 @@ def push(
     return PushResult(repo_id=repo_id, commit=info.oid, commit_url=info.commit_url, files=files)
 
 
-def pull(repo_id: str, revision: str | None) -> PulledBundle:
-    """Download exactly one commit of ``repo_id`` and verify it, ONNX graph included."""
-    directory, commit = download(repo_id, revision)
-    return PulledBundle(repo_id, revision or commit, commit, directory, verify_bundle(directory))
+def pull(repo_id: str, revision: str | None, allowed_modules: Sequence[str] = ()
+         ) -> PulledBundle:
+    """Download exactly one commit of ``repo_id``, check and verify it, ONNX graph included;
+    kept in ``experiments/hub/`` only once it passed (:func:`workbench.training.bundle.pull`).
+    """
+    return pull_bundle(repo_id, revision, allowed_modules=allowed_modules,
+                       verifier=verify_bundle)
 
 
 # --------------------------------------------------------------------------- printing

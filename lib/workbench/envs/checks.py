@@ -2,14 +2,16 @@
 
 Run before any environment is built or any run exists: the env id is registered (with "did
 you mean" suggestions), the env class accepts ``env.kwargs``, randomization applies to the
-task, and EnvPool supports the settings when it was chosen.
+task, and EnvPool supports the settings when it was chosen. An env id from data (a pulled
+bundle) is resolved against the registry without importing anything
+(:func:`check_data_env_id`).
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium
@@ -33,19 +35,70 @@ def check_config(cfg: WorkbenchConfig) -> None:
 
 
 def check_env_id(env_id: str) -> None:
-    """Fail early, with suggestions, on an id gymnasium does not know (no env is created)."""
-    registry = gymnasium.envs.registry
-    if ":" in env_id:  # gymnasium's "module:id" form imports the module that registers the id
-        module, _, env_id = env_id.partition(":")
+    """Fail early, with suggestions, on an id gymnasium does not know (no env is created).
+
+    The id comes from the user's own config, so a ``module:Id`` imports its module, as
+    gymnasium itself would (that module registers the id). Ids read from data (a pulled
+    bundle's config) go through :func:`check_data_env_id` instead, which imports nothing.
+    """
+    module, bare = split_env_id(env_id)
+    if module is not None:
         try:
             importlib.import_module(module)
         except ImportError as exc:
             raise ConfigError(f"env.id: cannot import module {module!r} ({exc})") from exc
+    check_registered(bare)
+
+
+def split_env_id(env_id: str) -> tuple[str | None, str]:
+    """``("module", "Id")`` for gymnasium's ``module:Id`` form, ``(None, env_id)`` otherwise."""
+    if ":" not in env_id:
+        return None, env_id
+    module, _, bare = env_id.partition(":")
+    return module, bare
+
+
+def check_registered(env_id: str) -> None:
+    """``env_id`` (a bare id) is in gymnasium's registry; looking it up imports nothing."""
+    registry = gymnasium.envs.registry
     if env_id in registry:
         return
     close = difflib.get_close_matches(env_id, list(registry), n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(close)}?" if close else "see gymnasium.envs.registry"
     raise ConfigError(f"env.id={env_id!r}: not a registered gymnasium id ({hint})")
+
+
+def module_allowed(module: str, allowed: Sequence[str]) -> bool:
+    """``module`` is one of ``allowed`` or inside one of those packages (``pkg`` allows
+    ``pkg.robots``); a name that is not a dotted Python identifier is never allowed."""
+    if not all(part.isidentifier() for part in module.split(".")):
+        return False
+    return any(module == name or module.startswith(name + ".") for name in allowed)
+
+
+def check_data_env_id(env_id: str, allowed_modules: Sequence[str], trust_hint: str) -> None:
+    """An env id read from data (a pulled bundle's config), resolved without running its code.
+
+    A bare id must already be in gymnasium's registry (the workbench's and gymnasium's own
+    ids, and those of modules this process imported). ``module:Id`` would make gymnasium
+    import ``module`` (any importable code, even a file the data shipped next to itself), so
+    it is refused unless the user allowed that module (``trust_hint`` says how); an allowed
+    module is imported here, as the user's own ``env.id`` would be.
+    """
+    if env_id.count(":") > 1 or not env_id.strip():
+        raise ConfigError(f"env.id={env_id!r}: not a gymnasium id (write Id or module:Id)")
+    module, bare = split_env_id(env_id)
+    if module is not None:
+        if not module_allowed(module, allowed_modules):
+            raise ConfigError(
+                f"env.id={env_id!r} would import module {module!r}, and code from data is "
+                f"never run unless you allow it ({trust_hint.format(module=module)})"
+            )
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(f"env.id: cannot import module {module!r} ({exc})") from exc
+    check_registered(bare)
 
 
 def check_env_kwargs(env_id: str, kwargs: Mapping[str, Any]) -> None:

@@ -3,10 +3,16 @@ by a pinned revision and verified before anything uses them.
 
 A bundle holds nothing executable: ``policy.onnx``, ``weights.safetensors``,
 ``normalization.json``, ``samples.npz`` (loaded with ``allow_pickle=False``), YAML/JSON text,
-the model card; ``bundle.json`` lists every file with its SHA-256. :func:`pull` downloads
-exactly one commit into ``experiments/hub/<org>/<name>/<commit>``, checks every file's hash
-and that the safetensors weights reproduce the shipped sample actions. Training starts from
-a pulled bundle with ``init.hub_repo_id``/``init.hub_revision`` (:func:`pull_for_init`);
+the model card; ``bundle.json`` lists every file with its SHA-256. A pulled bundle is data from
+whoever can write to its repository: :func:`check_files` holds it to the format's strict
+schema (:mod:`workbench.training.bundle_format`) before anything is parsed for use, and its
+``config.yaml`` may name a ``module:Id`` env only when the user allows that module.
+
+:func:`pull` downloads exactly one commit, copies it into a temporary directory, checks and
+verifies it there (hashes; the safetensors weights reproduce the shipped sample actions) and
+only then installs it in ``experiments/hub/<org>/<name>/<commit>``: a bundle that fails leaves
+nothing behind. Training starts from a pulled bundle with
+``init.hub_repo_id``/``init.hub_revision`` (:func:`pull_for_init`);
 :mod:`workbench.deploy.hub` writes and pushes bundles and adds the ONNX checks.
 
 The token comes from ``HF_TOKEN`` or the standard login (``hf auth login``), resolved by
@@ -16,32 +22,57 @@ or MLflow. ``HF_HUB_OFFLINE=1`` makes ``pull`` use the local Hub cache only.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import shutil
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from workbench import config, paths
+from workbench import paths
 from workbench.config import ConfigError, WorkbenchConfig
 from workbench.config.compose import hydra_value
+from workbench.envs.checks import split_env_id
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_env
+from workbench.training.bundle_format import (
+    COMMIT_SHA,
+    INDEX_NAME,
+    OPTIONAL_FILES,
+    REQUIRED_FILES,
+    BundleError,
+    BundleIndex,
+    BundleRefused,
+    check_config_text,
+    check_entries,
+    check_hashes,
+    check_index,
+    check_listing,
+    check_normalization,
+    check_samples,
+    read_json,
+)
 from workbench.training.model import PolicySource, build_model
 
-BUNDLE_FORMAT = "workbench-policy-bundle/1"
-INDEX_NAME = "bundle.json"
 PARITY_TOLERANCE = 1e-5  # max abs action difference to the shipped samples (CPU)
-COMMIT_SHA = re.compile(r"[0-9a-f]{40}")  # a git commit: the only revision that never moves
+# How the user allows a bundle's module:Id env (workbench hub pull / export).
+PULL_TRUST_HINT = "pass --allow-module {module} if you trust that module"
 
 
-class BundleError(RuntimeError):
-    """A bundle that fails verification (missing or altered files, parity off)."""
+@dataclass(frozen=True)
+class CheckedBundle:
+    """A bundle folder that passed :func:`check_files`, with its parsed, checked content."""
+
+    directory: Path
+    label: str  # org/name@revision for a pull, the directory for export --bundle
+    index: BundleIndex
+    config: WorkbenchConfig  # config.yaml, device cpu
+    normalization: dict[str, Any]
+    observations: np.ndarray  # samples.npz
+    actions: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -53,6 +84,10 @@ class PulledBundle:
     commit: str
     directory: Path
     checks: dict[str, Any] = field(default_factory=dict)
+    config: WorkbenchConfig | None = None  # the bundle's checked config.yaml
+
+
+Verifier = Callable[[CheckedBundle], dict[str, Any]]
 
 
 # --------------------------------------------------------------------------- names and places
@@ -80,55 +115,60 @@ def hub_directory(repo_id: str, commit: str) -> Path:
     return paths.experiments_dir() / "hub" / repo_id / commit
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+# --------------------------------------------------------------------------- checking a bundle
 
 
-# --------------------------------------------------------------------------- reading a bundle
+def check_files(directory: Path, label: str | None = None, allowed_modules: Sequence[str] = (),
+                trust_hint: str = PULL_TRUST_HINT) -> CheckedBundle:
+    """The static checks of a bundle folder, in order: its entries (plain, bounded files),
+    ``bundle.json`` against the schema, exactly the listed files present, every SHA-256, then
+    ``config.yaml``, ``normalization.json`` and ``samples.npz`` against theirs.
+
+    :class:`BundleRefused` (exit code 2) for a malformed bundle, :class:`BundleError` (exit
+    code 1) for a missing or altered file. Imports nothing named by the bundle unless
+    ``allowed_modules`` allows it.
+    """
+    label = label or str(directory)
+    entries = check_entries(directory, label)
+    if INDEX_NAME not in entries:
+        raise BundleRefused(label, f"no {INDEX_NAME}; not a workbench policy bundle",
+                            "pass the directory printed by `workbench hub pull`")
+    index = check_index(read_json(entries[INDEX_NAME], label), label)
+    check_listing(entries, index, label)
+    check_hashes(entries, index, label)
+    try:
+        text = entries["config.yaml"].read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BundleRefused(label, f"config.yaml is not UTF-8 text ({exc})") from exc
+    cfg = check_config_text(text, index, label, allowed_modules, trust_hint)
+    stats = check_normalization(read_json(entries["normalization.json"], label), cfg, label)
+    for name in ("export_report.json", *OPTIONAL_FILES):
+        if name in entries and not isinstance(read_json(entries[name], label), dict):
+            raise BundleRefused(label, f"{name} does not hold a JSON object")
+    obs, actions = check_samples(entries["samples.npz"], label)
+    return CheckedBundle(directory, label, index, cfg, stats, obs, actions)
 
 
-def read_index(directory: Path) -> dict[str, Any]:
-    path = directory / INDEX_NAME
-    if not path.is_file():
-        raise BundleError(f"{directory}: no {INDEX_NAME}; not a workbench policy bundle")
-    index: dict[str, Any] = json.loads(path.read_text())
-    if index.get("format") != BUNDLE_FORMAT:
-        raise BundleError(f"{path}: format {index.get('format')!r}, expected {BUNDLE_FORMAT}")
-    return index
+def load_bundle_source(bundle: CheckedBundle, label: str | None = None) -> PolicySource:
+    """Rebuild the SB3 policy from config + safetensors + normalization JSON (no pickles).
 
-
-def check_files(directory: Path) -> dict[str, Any]:
-    """Every file listed in ``bundle.json`` is there and matches its SHA-256; returns the index."""
-    index = read_index(directory)
-    for name, digest in index["files"].items():
-        path = directory / name
-        if not path.is_file():
-            raise BundleError(f"{directory}: {name} is missing")
-        if sha256(path) != digest:
-            raise BundleError(f"{directory}: {name} differs from its sha256 in {INDEX_NAME}")
-    if index["manifest"] and "manifest.json" not in index["files"]:
-        raise BundleError(f"{directory}: the run had a manifest.json but the bundle lacks it")
-    return index
-
-
-def bundle_config(directory: Path) -> WorkbenchConfig:
-    """The bundle's config.yaml validated by the schema, for CPU inference."""
-    cfg = config.from_yaml((directory / "config.yaml").read_text())
-    cfg.device = "cpu"
-    return cfg
-
-
-def load_bundle_source(directory: Path, label: str | None = None) -> PolicySource:
-    """Rebuild the SB3 policy from config + safetensors + normalization JSON (no pickles)."""
+    The shapes the environment and the network give are checked against the shipped files,
+    so a bundle that does not fit is refused in one line rather than failing inside SB3.
+    """
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-    index = read_index(directory)
-    cfg = bundle_config(directory)
+    cfg, stats = bundle.config, bundle.normalization
     venv = DummyVecEnv([lambda: make_env(EnvSpec.from_config(cfg))] * cfg.env.num_envs)
+    obs_shape = venv.observation_space.shape
+    check_shapes(bundle, obs_shape, venv.action_space.shape)
     model = build_model(cfg, venv)
-    model.policy.load_state_dict(load_file(str(directory / "weights.safetensors")))
-    stats = json.loads((directory / "normalization.json").read_text())
+    try:
+        model.policy.load_state_dict(load_file(str(bundle.directory / "weights.safetensors")))
+    except (SafetensorError, RuntimeError, OSError) as exc:
+        raise BundleRefused(bundle.label, "weights.safetensors does not fit the network "
+                            f"config.yaml describes: {str(exc).splitlines()[0][:200]}") from exc
     vecnormalize = None
     if stats["norm_obs"]:
         vecnormalize = VecNormalize(venv, training=False, norm_obs=True, norm_reward=False,
@@ -136,10 +176,23 @@ def load_bundle_source(directory: Path, label: str | None = None) -> PolicySourc
         apply_stats(vecnormalize, stats)
     return PolicySource(
         model=model, vecnormalize=vecnormalize, config=cfg,
-        eval_mean_reward=index.get("eval_mean_reward"),
-        eval_std_reward=index.get("eval_std_reward"),
-        origin=label or f"bundle {directory}",
+        eval_mean_reward=bundle.index.eval_mean_reward,
+        eval_std_reward=bundle.index.eval_std_reward,
+        origin=label or f"bundle {bundle.label}",
     )
+
+
+def check_shapes(bundle: CheckedBundle, obs_shape: Any, action_shape: Any) -> None:
+    """Samples and statistics have the environment's observation and action sizes."""
+    expected = {"samples.npz observations": (obs_shape, bundle.observations.shape[1:]),
+                "samples.npz actions": (action_shape, bundle.actions.shape[1:])}
+    if bundle.normalization["norm_obs"]:
+        expected["normalization.json obs_mean"] = (
+            obs_shape, (len(bundle.normalization["obs_mean"]),))
+    for what, (env_shape, shipped) in expected.items():
+        if tuple(env_shape or ()) != tuple(shipped):
+            raise BundleRefused(bundle.label, f"{what} have shape {list(shipped)}, but "
+                                f"{bundle.config.env.id} has {list(env_shape or ())}")
 
 
 def apply_stats(vecnormalize: Any, stats: Mapping[str, Any]) -> None:
@@ -150,41 +203,34 @@ def apply_stats(vecnormalize: Any, stats: Mapping[str, Any]) -> None:
     rms.count = float(stats["obs_count"])
 
 
-def load_samples(directory: Path) -> tuple[np.ndarray, np.ndarray]:
-    """The shipped sample observations and SB3's deterministic actions for them."""
-    with np.load(directory / "samples.npz", allow_pickle=False) as samples:
-        return samples["observations"], samples["actions"]
-
-
-def check_weights(directory: Path) -> float:
+def check_weights(bundle: CheckedBundle) -> float:
     """The SB3 policy rebuilt from the safetensors weights reproduces the shipped sample
     actions; returns the max abs difference (:class:`BundleError` above the tolerance)."""
-    obs, expected = load_samples(directory)
-    source = load_bundle_source(directory)
-    diff = float(np.max(np.abs(source.deterministic_actions(obs) - expected)))
-    if diff > PARITY_TOLERANCE:
+    source = load_bundle_source(bundle)
+    diff = float(np.max(np.abs(source.deterministic_actions(bundle.observations)
+                               - bundle.actions)))
+    if not diff <= PARITY_TOLERANCE:  # NaN fails too
         raise BundleError(
-            f"{directory}: safetensors weights differ from the shipped sample actions by "
+            f"{bundle.label}: safetensors weights differ from the shipped sample actions by "
             f"{diff:.2e} (> {PARITY_TOLERANCE:.0e})"
         )
     return diff
 
 
-def verify(directory: Path) -> dict[str, Any]:
-    """Hashes and weights of a bundle (what training from it needs); returns the checks."""
-    index = check_files(directory)
-    return checks_summary(directory, index, check_weights(directory))
+def verify(bundle: CheckedBundle) -> dict[str, Any]:
+    """The weights of a checked bundle (what training from it needs); returns the checks."""
+    return checks_summary(bundle, check_weights(bundle))
 
 
-def checks_summary(directory: Path, index: Mapping[str, Any], weights_diff: float
-                   ) -> dict[str, Any]:
+def checks_summary(bundle: CheckedBundle, weights_diff: float) -> dict[str, Any]:
     """What was verified, for ``workbench hub pull``'s table."""
+    index = bundle.index
     return {
-        "files": sorted(index["files"]),
-        "manifest": "present" if index["manifest"] else "absent (the run had none)",
-        "samples": int(len(load_samples(directory)[0])),
+        "files": sorted(index.files),
+        "manifest": "present" if index.manifest else "absent (the run had none)",
+        "samples": int(len(bundle.observations)),
         "weights_max_abs_diff": weights_diff,
-        "onnx_opset": index["onnx_opset"],
+        "onnx_opset": index.onnx_opset,
     }
 
 
@@ -192,10 +238,11 @@ def checks_summary(directory: Path, index: Mapping[str, Any], weights_diff: floa
 
 
 def download(repo_id: str, revision: str | None) -> tuple[Path, str]:
-    """Exactly one commit of ``repo_id`` in its fixed directory; returns (directory, commit).
+    """Exactly one commit of ``repo_id`` in the local Hub cache; returns (snapshot, commit).
 
-    A branch or tag is resolved once to its commit, printed, and only the commit is used
-    from then on. Works offline (``HF_HUB_OFFLINE=1``) from the local Hub cache.
+    Only the format's file names are fetched (a file the format does not have never reaches
+    this machine). A branch or tag is resolved once to its commit, printed, and only the
+    commit is used from then on. Works offline (``HF_HUB_OFFLINE=1``) from the local Hub cache.
     """
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
@@ -210,8 +257,9 @@ def download(repo_id: str, revision: str | None) -> tuple[Path, str]:
             f"revision: missing for {repo_id}; pin a commit sha or a tag "
             "(`workbench hub push` prints the commit)"
         )
+    names = sorted({INDEX_NAME, *REQUIRED_FILES, *OPTIONAL_FILES})
     try:
-        snapshot = Path(snapshot_download(repo_id, revision=revision))
+        snapshot = Path(snapshot_download(repo_id, revision=revision, allow_patterns=names))
     except RevisionNotFoundError as exc:
         raise ConfigError(f"revision {revision!r}: not found in {repo_id}") from exc
     except RepositoryNotFoundError as exc:
@@ -223,29 +271,75 @@ def download(repo_id: str, revision: str | None) -> tuple[Path, str]:
             f"({constants.HF_HUB_CACHE}) and {mode}; pull it once with network access"
         ) from exc
     commit = snapshot.name  # huggingface_hub's cache names each snapshot by its commit
-    if not COMMIT_SHA.fullmatch(commit):
-        raise BundleError(f"{snapshot}: not a commit snapshot of the Hub cache")
+    if not COMMIT_SHA.fullmatch(commit) or snapshot.parent.name != "snapshots":
+        raise BundleRefused(f"{repo_id}@{revision}", f"{snapshot} is not a commit snapshot of "
+                            "the Hub cache", "check the refs of the local Hub cache")
     if revision != commit:
         print(f"revision {revision!r} of {repo_id} resolved to commit {commit}; "
               "pin that commit")
-    return materialize(snapshot, hub_directory(repo_id, commit)), commit
+    return snapshot, commit
 
 
-def pull(repo_id: str, revision: str | None) -> PulledBundle:
-    """Download exactly one commit of ``repo_id`` and verify it (:func:`verify`)."""
-    directory, commit = download(repo_id, revision)
-    return PulledBundle(repo_id, revision or commit, commit, directory, verify(directory))
+def pull(repo_id: str, revision: str | None, *, allowed_modules: Sequence[str] = (),
+         trust_hint: str = PULL_TRUST_HINT, verifier: Verifier = verify) -> PulledBundle:
+    """Download exactly one commit of ``repo_id``, check and verify it, then keep it.
 
-
-def materialize(snapshot: Path, directory: Path) -> Path:
-    """Copy a cache snapshot (symlinks into blobs) to its fixed directory, once per commit."""
+    A commit pulled before is checked again as it is on disk (a commit never changes; local
+    damage is caught). A new one is staged in a temporary directory and moved into
+    ``experiments/hub/`` only once it passed: a bundle that fails leaves nothing behind.
+    """
+    snapshot, commit = download(repo_id, revision)
+    label = f"{repo_id}@{revision}"
+    directory = hub_directory(repo_id, commit)
     if directory.is_dir():
-        return directory  # a commit never changes; verify_bundle catches local damage
-    partial = directory.with_name(directory.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    shutil.copytree(snapshot, partial, symlinks=False)
-    partial.rename(directory)
-    return directory
+        try:
+            checked = check_files(directory, label, allowed_modules, trust_hint)
+            checks = verifier(checked)
+        except BundleError as exc:
+            raise BundleError(f"{exc}; {pulled_before(directory)}") from exc
+        except BundleRefused as exc:
+            raise ConfigError(f"{exc}; {pulled_before(directory)}") from exc
+        return PulledBundle(repo_id, revision or commit, commit, directory, checks,
+                            checked.config)
+    with tempfile.TemporaryDirectory(prefix="workbench-pull-") as tmp:
+        staged = stage(snapshot, Path(tmp) / commit, label)
+        checked = check_files(staged, label, allowed_modules, trust_hint)
+        checks = verifier(checked)
+        install(staged, directory)
+    return PulledBundle(repo_id, revision or commit, commit, directory, checks, checked.config)
+
+
+def pulled_before(directory: Path) -> str:
+    """What to do about a commit pulled earlier that no longer passes (damaged, or kept by a
+    workbench without these checks)."""
+    return f"it was pulled before into {directory}: delete that folder to pull it afresh"
+
+
+def stage(snapshot: Path, target: Path, label: str) -> Path:
+    """Copy a cache snapshot's files (links into the repository's blobs) to ``target``.
+
+    Every entry must be a bounded file whose link stays inside the repository's own cache
+    folder; the copies are regular files.
+    """
+    entries = check_entries(snapshot, label, blobs=snapshot.parent.parent.resolve())
+    target.mkdir(parents=True)
+    for name, path in entries.items():
+        shutil.copyfile(path, target / name)
+    return target
+
+
+def install(staged: Path, directory: Path) -> None:
+    """Move a verified staged bundle to its fixed directory (atomically: a rename)."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        for path in staged.iterdir():
+            shutil.copyfile(path, partial / path.name)
+        partial.rename(directory)
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)
+        if not directory.is_dir():  # else another pull of the same commit got there first
+            raise
 
 
 # --------------------------------------------------------------------------- training from a bundle
@@ -253,11 +347,24 @@ def materialize(snapshot: Path, directory: Path) -> Path:
 
 def pull_for_init(cfg: WorkbenchConfig) -> PulledBundle | None:
     """The bundle ``init.hub_repo_id``/``init.hub_revision`` names, pulled, verified and
-    checked against ``cfg`` before any run exists; None without ``init.hub_repo_id``."""
+    checked against ``cfg`` before any run exists; None without ``init.hub_repo_id``.
+
+    The bundle's ``env.id`` may name a module only if ``cfg.env.id`` (the user's own config)
+    names the same one: the user chose to import it.
+    """
     if not cfg.init.hub_repo_id:
         return None
-    bundle = pull(cfg.init.hub_repo_id, cfg.init.hub_revision)
-    theirs = bundle_config(bundle.directory)
+    module, _ = split_env_id(cfg.env.id)
+    hint = ("training from it needs that env.id in your own config, which imports module "
+            "{module}: set it only if you trust that module")
+    try:
+        bundle = pull(cfg.init.hub_repo_id, cfg.init.hub_revision,
+                      allowed_modules=[module] if module else [], trust_hint=hint)
+    except BundleError as exc:
+        raise ConfigError(f"init.hub_repo_id={cfg.init.hub_repo_id}: bundle verification "
+                          f"failed: {exc}; pin another revision") from exc
+    theirs = bundle.config
+    assert theirs is not None
     for key, ours_value, their_value in (
         ("env.id", cfg.env.id, theirs.env.id),
         ("env.normalize", cfg.env.normalize, theirs.env.normalize),

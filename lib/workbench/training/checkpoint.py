@@ -56,6 +56,15 @@ CONFIG_FILE = "config.yaml"
 STATE_FILE = "state.json"
 CHECKPOINTS_DIR = "checkpoints"
 NAME_PATTERN = re.compile(r"^step-(\d+)$")
+INDEXED_FILES = (ARRAYS_FILE, CONFIG_FILE)  # what state.json lists, with their SHA-256
+META_KEYS = frozenset({"format", "num_timesteps", "created_at", "files", "state"})
+# What snapshot.restore reads from the state (snapshot.capture writes these and more).
+STATE_KEYS = frozenset({"num_timesteps", "n_updates", "episode_num", "policy", "optimizer",
+                        "iterations", "rng", "exact", "envs", "last_obs", "last_episode_starts",
+                        "ep_info_buffer", "ep_success_buffer", "vecnormalize", "eval_env",
+                        "logger"})
+FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class CorruptCheckpoint(ValueError):
@@ -139,36 +148,89 @@ def read_files(folder: Path) -> tuple[dict[str, Any], str]:
     """``(state, config_yaml)`` of a checkpoint folder; :class:`CorruptCheckpoint` if damaged.
 
     Only JSON and safetensors are parsed: loading a checkpoint cannot execute code, whoever
-    made it.
+    made it. ``state.json`` is data too: it must list exactly the checkpoint's two files, by
+    plain names that resolve inside ``folder`` (no absolute paths, no ``..``, no link out of
+    it), so a forged index can neither skip a hash nor make the resume read another file.
     """
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
-    try:
-        meta = json.loads((folder / STATE_FILE).read_text())
-    except FileNotFoundError as exc:
-        raise CorruptCheckpoint(f"{STATE_FILE} is missing (incomplete checkpoint)") from exc
-    except ValueError as exc:
-        raise CorruptCheckpoint(f"{STATE_FILE} is truncated or not JSON ({exc})") from exc
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CorruptCheckpoint(f"{STATE_FILE} is not a {FORMAT} file")
+    meta = read_meta(folder)
     for name, expected in meta["files"].items():
-        path = folder / name
-        if not path.exists():
-            raise CorruptCheckpoint(f"{name} is missing")
-        if sha256(path) != expected:
+        if sha256(confined(folder, name)) != expected:
             raise CorruptCheckpoint(
                 f"{name} does not match its recorded SHA-256 (truncated or modified)"
             )
-    try:
-        arrays = load_file(str(folder / ARRAYS_FILE))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CorruptCheckpoint(f"{ARRAYS_FILE} cannot be read ({exc})") from exc
+    arrays = read_arrays(confined(folder, ARRAYS_FILE))
     try:
         state = decode(meta["state"], arrays)
     except KeyError as exc:
         raise CorruptCheckpoint(f"{ARRAYS_FILE} lacks array {exc}") from exc
-    return state, (folder / CONFIG_FILE).read_text()
+    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
+        raise CorruptCheckpoint(f"{STATE_FILE}: the state tree is malformed ({exc})") from exc
+    try:
+        config_yaml = confined(folder, CONFIG_FILE).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorruptCheckpoint(f"{CONFIG_FILE} is not UTF-8 text") from exc
+    return state, config_yaml
+
+
+def read_meta(folder: Path) -> dict[str, Any]:
+    """``state.json`` parsed and checked against its schema (:class:`CorruptCheckpoint`)."""
+    path = confined(folder, STATE_FILE, missing="incomplete checkpoint")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise CorruptCheckpoint(f"{STATE_FILE} is truncated or not JSON ({exc})") from exc
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CorruptCheckpoint(f"{STATE_FILE} is not a {FORMAT} file")
+    if set(meta) != META_KEYS:
+        raise CorruptCheckpoint(f"{STATE_FILE} has keys {sorted(map(str, meta))[:8]}, expected "
+                                f"{sorted(META_KEYS)}")
+    files = meta["files"]
+    if not isinstance(files, dict):
+        raise CorruptCheckpoint(f"{STATE_FILE}: files is a {type(files).__name__}, expected a "
+                                f"mapping of {ARRAYS_FILE} and {CONFIG_FILE} to their SHA-256")
+    if set(files) != set(INDEXED_FILES):
+        odd = sorted(set(files) ^ set(INDEXED_FILES))[0]
+        raise CorruptCheckpoint(f"{STATE_FILE} lists {str(odd)[:80]!r}; a checkpoint's files "
+                                f"are exactly {' and '.join(INDEXED_FILES)}")
+    for name, digest in files.items():
+        if not isinstance(digest, str) or not SHA256_HEX.fullmatch(digest):
+            raise CorruptCheckpoint(f"{STATE_FILE}: the SHA-256 of {name} is not 64 hex digits")
+    steps, state = meta["num_timesteps"], meta["state"]
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise CorruptCheckpoint(f"{STATE_FILE}: num_timesteps is not a step count")
+    if not isinstance(state, dict):
+        raise CorruptCheckpoint(f"{STATE_FILE}: state is a {type(state).__name__}, not a mapping")
+    if not set(state) >= STATE_KEYS:
+        raise CorruptCheckpoint(f"{STATE_FILE}: state lacks {sorted(STATE_KEYS - set(state))[0]}")
+    if state["num_timesteps"] != steps:
+        raise CorruptCheckpoint(f"{STATE_FILE}: state.num_timesteps differs from num_timesteps")
+    return meta
+
+
+def confined(folder: Path, name: str, missing: str = "") -> Path:
+    """``folder/name`` for a plain file name that resolves to a regular file inside ``folder``."""
+    if not FILE_NAME.fullmatch(name):
+        raise CorruptCheckpoint(f"{name[:80]!r} is not a plain file name inside the checkpoint")
+    path = folder / name
+    resolved = path.resolve()
+    if path.is_symlink() or not resolved.is_relative_to(folder.resolve()):
+        raise CorruptCheckpoint(f"{name} points outside the checkpoint folder")
+    if not resolved.exists():
+        raise CorruptCheckpoint(f"{name} is missing" + (f" ({missing})" if missing else ""))
+    if not resolved.is_file():
+        raise CorruptCheckpoint(f"{name} is not a regular file")
+    return resolved
+
+
+def read_arrays(path: Path) -> dict[str, np.ndarray]:
+    """The checkpoint's safetensors arrays (:class:`CorruptCheckpoint` if unreadable)."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CorruptCheckpoint(f"{ARRAYS_FILE} cannot be read ({exc})") from exc
 
 
 # --------------------------------------------------------------------------- the store
@@ -208,7 +270,11 @@ def download(client: MlflowClient, run_id: str, stored: StoredCheckpoint, dst: P
             os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
         else:
             os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = previous
-    return read_files(local)
+    state, config_yaml = read_files(local)
+    if state["num_timesteps"] != stored.step:
+        raise CorruptCheckpoint(f"{STATE_FILE} is of step {state['num_timesteps']}, not of "
+                                f"the folder's step {stored.step}")
+    return state, config_yaml
 
 
 # --------------------------------------------------------------------------- the callback
