@@ -10,8 +10,8 @@
    (interleaved seeds, fresh process per run, training seconds only, evaluations every
    10000 steps x 5 episodes), with ``--rerun-budget-s`` per run.
 
-    python benchmarks/tune_time_to_reward.py --task hopper --target 1500 --trials 12 \\
-        --trial-budget-s 90 --workers 2 --rerun-budget-s 120 --seeds 0 1 2
+    python benchmarks/tune_time_to_reward.py --task hopper --target 800 --trials 10 \\
+        --trial-budget-s 120 --workers 2 --rerun-budget-s 150 --seeds 0 1 2
 
 Prints the study's table, then the time-to-reward table and the tuned/defaults and
 tuned/zoo ratios; writes ``benchmarks/results/tune_time_to_reward.json``.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -50,13 +51,19 @@ def run_study(args: argparse.Namespace, experiments: Path) -> tuple[str, Path, s
     env = {**os.environ, "WORKBENCH_EXPERIMENTS": str(experiments),
            "MLFLOW_TRACKING_URI": f"sqlite:///{experiments / 'mlflow.db'}"}
     started = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=args.trials * (args.trial_budget_s + 600))
-    print(done.stdout[done.stdout.find("Study "):], flush=True)
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=args.trials * (args.trial_budget_s + 600))
+    except BaseException:  # Ctrl-C, timeout: the study stops its kernels and marks its runs
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+        raise
+    print(out[out.find("Study "):], flush=True)
     print(f"study wall time: {time.perf_counter() - started:.0f} s", flush=True)
-    if done.returncode not in (0, 1):
-        sys.exit(f"workbench tune failed ({done.returncode}): {done.stderr[-3000:]}")
-    return study, experiments / "conf" / "experiment" / "tuned" / f"{study}.yaml", done.stdout
+    if proc.returncode not in (0, 1):
+        sys.exit(f"workbench tune failed ({proc.returncode}): {err[-3000:]}")
+    return study, experiments / "conf" / "experiment" / "tuned" / f"{study}.yaml", out
 
 
 def tuned_overrides(path: Path) -> str:
@@ -84,13 +91,13 @@ def flatten(tree: dict[str, Any], prefix: str) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", default="hopper", choices=sorted(time_to_reward.ENV_IDS))
-    parser.add_argument("--target", type=float, default=1500.0)
-    parser.add_argument("--trials", type=int, default=12)
-    parser.add_argument("--trial-budget-s", type=float, default=90.0)
+    parser.add_argument("--target", type=float, default=800.0)
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--trial-budget-s", type=float, default=120.0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--startup-trials", type=int, default=3)
     parser.add_argument("--sampler-seed", type=int, default=0)
-    parser.add_argument("--rerun-budget-s", type=float, default=120.0)
+    parser.add_argument("--rerun-budget-s", type=float, default=150.0)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     args = parser.parse_args()
     print(f"tune time to reward: {args.task} to {args.target:g}, {args.trials} trials x "
