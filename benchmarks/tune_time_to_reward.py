@@ -10,8 +10,10 @@
    (interleaved seeds, fresh process per run, training seconds only, evaluations every
    10000 steps x 5 episodes), with ``--rerun-budget-s`` per run.
 
-    python benchmarks/tune_time_to_reward.py --task hopper --target 800 --trials 10 \\
-        --trial-budget-s 120 --workers 2 --rerun-budget-s 150 --seeds 0 1 2
+    python benchmarks/tune_time_to_reward.py --task hopper --target 400 --trials 8 \\
+        --trial-budget-s 100 --workers 1 --rerun-budget-s 150 --seeds 0 1 2   # the defaults
+    python benchmarks/tune_time_to_reward.py --task hopper --target 1500 --trials 40 \\
+        --trial-budget-s 120 --workers 2      # a larger budget, for a machine of its own
 
 Prints the study's table, then the time-to-reward table and the tuned/defaults and
 tuned/zoo ratios; writes ``benchmarks/results/tune_time_to_reward.json``.
@@ -56,7 +58,7 @@ def run_study(args: argparse.Namespace, experiments: Path) -> tuple[str, Path, s
     try:
         out, err = proc.communicate(timeout=args.trials * (args.trial_budget_s + 600))
     except BaseException:  # Ctrl-C, timeout: the study stops its kernels and marks its runs
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)  # SIGINT may be ignored (a background job)
         proc.communicate(timeout=120)
         raise
     print(out[out.find("Study "):], flush=True)
@@ -91,10 +93,10 @@ def flatten(tree: dict[str, Any], prefix: str) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", default="hopper", choices=sorted(time_to_reward.ENV_IDS))
-    parser.add_argument("--target", type=float, default=800.0)
-    parser.add_argument("--trials", type=int, default=10)
-    parser.add_argument("--trial-budget-s", type=float, default=120.0)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--target", type=float, default=400.0)
+    parser.add_argument("--trials", type=int, default=8)
+    parser.add_argument("--trial-budget-s", type=float, default=100.0)
+    parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--startup-trials", type=int, default=3)
     parser.add_argument("--sampler-seed", type=int, default=0)
     parser.add_argument("--rerun-budget-s", type=float, default=150.0)

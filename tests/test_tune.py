@@ -223,16 +223,26 @@ def tune_runs(role: str) -> list:
 @pytest.mark.slow
 def test_six_trial_study_prunes_resumes_and_writes_a_best_config(store: Path,
                                                                  tmp_path: Path) -> None:
-    # Built to prune: half the trials train on 2-step episodes (a return of at most 2) and
-    # are pruned by the median of the completed 50-step trials at their first report.
-    args = ["tune", "--n-trials", "6", *TINY_STUDY, "tune.study=pendulum", "tune.sampler=random",
-            "tune.seed=3", "tune.startup_trials=1", "tune.workers=1",
+    # Built to prune: episode length is searched too, and the first trials are enqueued
+    # (Optuna's enqueue_trial, into the study the command then joins): 50 steps, then 2 steps,
+    # whose return (at most 2) is below the median of the completed 50-step trial at every
+    # report, so the median pruner stops it (one completed trial before pruning).
+    import optuna
+
+    store.mkdir(parents=True)
+    study = optuna.create_study(study_name="pendulum", direction="maximize",
+                                storage=f"sqlite:///{store / 'optuna.db'}")
+    for steps in (50, 2, 50, 2):
+        study.enqueue_trial({"env.max_episode_steps": steps})
+    args = ["tune", "--n-trials", "6", *TINY_STUDY, "tune.study=pendulum", "tune.seed=3",
+            "tune.startup_trials=1", "tune.workers=1",
             "+search.params={env.max_episode_steps:{choices:[50,2]}}"]
     proc = run_cli(*args, env=CORES_2, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     trials = study_trials(store, "pendulum")
     states = [t.state.name for t in trials]
-    assert len(trials) == 6 and "PRUNED" in states and "FAIL" not in states, states
+    assert len(trials) == 6 and "FAIL" not in states, states
+    assert states[:2] == ["COMPLETE", "PRUNED"], states
     (parent,) = tune_runs("study")
     children = tune_runs("trial")
     assert parent.info.status == "FINISHED"
@@ -246,9 +256,9 @@ def test_six_trial_study_prunes_resumes_and_writes_a_best_config(store: Path,
         assert run.data.tags["mlflow.note.content"].startswith(
             f"Trial {trial.number} of study pendulum: sampled learning_rate=")
         assert trial.user_attrs["mlflow_run_id"] == run.info.run_id
+        assert trials[1].params["env.max_episode_steps"] == 2  # the enqueued short episodes
         if trial.state.name == "PRUNED":
-            assert trial.params["env.max_episode_steps"] == 2
-            assert run.data.tags["tune.pruned_at"].startswith("report 1 ")
+            assert run.data.tags["tune.pruned_at"].startswith("report ")
             assert "PRUNED by the median pruner" in run.data.tags["mlflow.note.content"]
     notebooks = sorted(p.name for p in (store / "tuning" / "pendulum").glob("*.ipynb"))
     assert notebooks == [f"trial-{n:03d}.ipynb" for n in range(6)]
@@ -312,8 +322,11 @@ def test_ctrl_c_kills_the_trial_and_the_parent_and_the_trial_does_not_count(
         store: Path) -> None:
     args = [sys.executable, "-m", "workbench", "tune", "--n-trials", "2", *TINY_STUDY,
             "tune.study=stopped", "total_timesteps=10000000"]
+    # SIGINT at its default in the child: a test run started as a background job inherits
+    # SIGINT ignored (POSIX), and Ctrl-C is what this test sends.
     proc = subprocess.Popen(args, cwd=ROOT, env={**os.environ, **CORES_2},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not any(
@@ -338,3 +351,30 @@ def safe_runs(role: str) -> list:
         return tune_runs(role)
     except Exception:  # the store or experiment does not exist yet
         return []
+
+
+@pytest.mark.slow
+def test_team_mode_keeps_the_study_in_the_servers_postgresql(team_server) -> None:  # noqa: ANN001
+    """On the server's machine a study of a server-tracked tune lives in the team
+    PostgreSQL's ``optuna`` database (a real server: tests/teamserver.py)."""
+    from tests.teamserver import ALICE, logged_in
+    from tests.test_server import psql
+
+    done = team_server.cli(
+        "tune", "--n-trials", "2", *TINY_STUDY, "tune.study=team", "tracking=server",
+        f"tracking.uri={team_server.url}", "tracking.experiment=team-tune", timeout=1800,
+        extra_env={"WORKBENCH_EXPERIMENTS": str(team_server.root), **CORES_2})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "storage   : postgresql+psycopg2://workbench@/optuna?host=" in done.stdout
+    assert psql(team_server, "optuna", "SELECT study_name FROM studies") == ["team"]
+    assert psql(team_server, "optuna", "SELECT state FROM trials") == ["COMPLETE"] * 2
+    with logged_in(ALICE, team_server.alice_password):
+        client = MlflowClient(team_server.url)
+        experiment = client.get_experiment_by_name("team-tune")
+        children = client.search_runs([experiment.experiment_id], "tags.`tune.role` = 'trial'")
+        (parent,) = client.search_runs([experiment.experiment_id],
+                                       "tags.`tune.role` = 'study'")
+    assert sorted(r.data.tags["tune.trial"] for r in children) == ["0", "1"]
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
+    for secret in (team_server.alice_password, team_server.admin_password):
+        assert secret not in done.stdout + done.stderr
