@@ -105,8 +105,8 @@ class Objective:
         """The reports due now after report ``done``: ``(k, value)``, k counting from 1."""
         if not curve:
             return []
+        due: list[tuple[int, float]] = []
         if not self.timed:
-            due = []
             for point in curve:
                 k = point.steps // self.eval_every_steps
                 if k > done and (not due or k > due[-1][0]):
@@ -115,7 +115,6 @@ class Objective:
         interval = self.report_interval_s
         if interval <= 0:
             return []
-        due = []
         k = done + 1
         while k * interval <= now_s:
             at = k * interval

@@ -156,7 +156,7 @@ def open_study(plan: TunePlan, storage: Any) -> Any:
     sampler = build_sampler(plan.settings, plan.space)
     pruner = build_pruner(pruner_settings(plan.settings))
     study = optuna.create_study(study_name=plan.study, storage=storage, sampler=sampler,
-                                pruner=pruner, direction=plan.objective.direction,
+                                pruner=pruner, direction=direction(plan),
                                 load_if_exists=True)
     stored = study.user_attrs.get(OBJECTIVE_ATTR)
     if stored is not None and stored != plan.objective.as_dict():
@@ -170,6 +170,13 @@ def open_study(plan: TunePlan, storage: Any) -> Any:
     study.set_user_attr("workbench.space", plan.space.as_dict())
     study.set_user_attr("workbench.overrides", plan.point_overrides)
     return study
+
+
+def direction(plan: TunePlan) -> Any:
+    """The study's direction as Optuna's enum."""
+    from optuna.study import StudyDirection
+
+    return StudyDirection[plan.objective.direction.upper()]
 
 
 def parent_run(client: MlflowClient, experiment_id: str, plan: TunePlan, study: Any) -> str:
@@ -333,7 +340,9 @@ def settle_trial(plan: TunePlan, study: Any, storage: Any, client: MlflowClient,
                 study.tell(number, record.value)
                 record.state = COMPLETE
             else:
-                record.error = ("no evaluation within the budget: lower tune.eval_every_steps "
+                record.error = ("no final evaluation to score (eval.final_episodes=0?)"
+                                if plan.objective.name == "final_return" else
+                                "no evaluation within the budget: lower tune.eval_every_steps "
                                 "or raise tune.budget_s")
     if record.state == FAIL:
         if outcome.status != KILLED:  # a failure of the trial itself counts; an interrupt not
