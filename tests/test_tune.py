@@ -378,3 +378,37 @@ def test_team_mode_keeps_the_study_in_the_servers_postgresql(team_server) -> Non
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
     for secret in (team_server.alice_password, team_server.admin_password):
         assert secret not in done.stdout + done.stderr
+
+
+
+@pytest.mark.slow
+def test_a_crashing_trial_fails_alone_and_counts(store: Path) -> None:
+    # A dotted search key is taken as it is (no batch-size adjustment): 4096 is larger than
+    # any tiny rollout, so that enqueued trial's notebook stops at composition; the other trains.
+    import optuna
+
+    store.mkdir(parents=True)
+    study = optuna.create_study(study_name="crash", direction="maximize",
+                                storage=f"sqlite:///{store / 'optuna.db'}")
+    for size in (64, 4096):
+        study.enqueue_trial({"algo.batch_size": size})
+    args = ["tune", "--n-trials", "2", *TINY_STUDY, "tune.study=crash",
+            "+search.params={algo.batch_size:{choices:[64,4096]}}"]
+    proc = run_cli(*args, env=CORES_2, timeout=1200)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("workbench: 1 of 2 trials failed: ")
+    assert "ConfigError: algo.batch_size=4096 is larger than one rollout" in last
+    trials = study_trials(store, "crash")
+    by_size = {t.params["algo.batch_size"]: t for t in trials}
+    assert by_size[64].state.name == "COMPLETE"
+    assert by_size[4096].state.name == "FAIL" and counts(by_size[4096])
+    runs = {r.data.tags["tune.trial"]: r for r in tune_runs("trial")}
+    failed = runs[str(by_size[4096].number)]
+    assert failed.info.status == "FAILED"
+    assert failed.data.tags["error"].startswith("ConfigError: algo.batch_size=4096")
+    (parent,) = tune_runs("study")
+    assert parent.info.status == "FAILED"
+    again = run_cli(*args, env=CORES_2, timeout=600)  # the failure counts: nothing left to run
+    assert "2 in total, 2 done earlier, 0 to run" in again.stdout
+    assert len(study_trials(store, "crash")) == 2

@@ -80,7 +80,8 @@ def open_storage(url: str, heartbeat: bool = True) -> Any:
         engine = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
     beats: dict[str, Any] = {"heartbeat_interval": HEARTBEAT_S, "grace_period": GRACE_S}
     try:
-        with warnings.catch_warnings():
+        # Under the lock: workers started together would race to create the tables.
+        with warnings.catch_warnings(), study_lock(url, "(storage)"):
             warnings.simplefilter("ignore")  # heartbeat is flagged experimental
             return optuna.storages.RDBStorage(url, engine_kwargs=engine,
                                               **(beats if heartbeat else {}))
@@ -135,10 +136,13 @@ def advisory_lock(url: str, study: str) -> Iterator[None]:
 
 
 def counts(trial: Any) -> bool:
-    """Whether a trial counts against ``tune.n_trials``: everything but a FAIL without
-    :data:`COUNTED` (interrupted by Ctrl-C, or abandoned by a worker that died)."""
+    """Whether a trial counts against ``tune.n_trials``: complete, pruned, running, or failed
+    by itself (:data:`COUNTED`); not one interrupted by Ctrl-C or abandoned by a worker that
+    died, nor a waiting one (enqueued, not yet claimed)."""
     from optuna.trial import TrialState
 
+    if trial.state == TrialState.WAITING:
+        return False
     return trial.state != TrialState.FAIL or COUNTED in trial.user_attrs
 
 
