@@ -15,8 +15,9 @@ from workbench.config import load_config
 CONF = Path(__file__).resolve().parents[1] / "conf"
 # The files that hold defaults: the root and every group option that is not a preset
 # (experiment/ and tuning/ deliberately restate published or measured values).
-DEFAULT_FILES = [CONF / "config.yaml", *(f for group in ("algo", "env", "sweep", "tracking")
-                                         for f in sorted((CONF / group).glob("*.yaml")))]
+DEFAULT_FILES = [CONF / "config.yaml", *(
+    f for group in ("algo", "env", "sweep", "search", "tracking")
+    for f in sorted((CONF / group).glob("*.yaml")))]
 SCHEMA_DEFAULTS = config.flatten(OmegaConf.to_container(
     OmegaConf.structured(config.WorkbenchConfig), enum_to_str=True))
 

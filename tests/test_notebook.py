@@ -45,7 +45,8 @@ def history(*cells: str) -> list[str]:
 
 
 DEFAULTS = {"env": "hopper", "num_envs": 4, "n_steps": 512, "total_timesteps": 4096, "seed": 1,
-            "overrides": [], "sweep_id": "", "parent_run_id": "", "point": ""}
+            "overrides": [], "sweep_id": "", "parent_run_id": "", "point": "", "study": "",
+            "trial": -1}
 
 
 # --------------------------------------------------------------------------- committed file
@@ -106,6 +107,14 @@ def test_sweep_parameters_give_the_child_tags() -> None:
                                "point": "hopper-ne4-ns512-s1"}, history())
     assert params.run_tags() == {"sweep_id": "s-1", "sweep.role": "child",
                                  "sweep.point": "hopper-ne4-ns512-s1"}
+
+
+@pytest.mark.unit
+def test_outside_a_study_the_notebook_adds_no_trial() -> None:
+    session = notebook.tuning_trial(check_parameters(DEFAULTS, history()))
+    assert (session.tags, session.callbacks) == ({}, [])
+    with pytest.raises(ParameterError, match="^notebook parameter trial=-1: a study's trial"):
+        notebook.tuning_trial(check_parameters({**DEFAULTS, "study": "s"}, history()))
 
 
 @pytest.mark.unit

@@ -1,7 +1,7 @@
 """Command line: ``workbench COMMAND [--flags] [OVERRIDES...]`` (also ``python -m workbench``).
 
 One grammar for every command: argparse flags, and Hydra overrides as positional arguments
-where a command composes a config (train, sweep, ui, report, runs, manifest diff). Every
+where a command composes a config (train, sweep, tune, ui, report, runs, manifest diff). Every
 parse error is one line (``workbench: error: COMMAND: ...``), exit code 2.
 
 Exit codes: 0 success; 2 bad input, reported in one line before any compute;
@@ -116,6 +116,27 @@ def setup_sweep(parser: argparse.ArgumentParser) -> Runner:
     return run
 
 
+def setup_tune(parser: argparse.ArgumentParser) -> Runner:
+    """``workbench tune [--n-trials N] [OVERRIDES]``."""
+    parser.add_argument("--n-trials", type=int, metavar="N",
+                        help="trials of the study in total, every worker's counted; running "
+                             "the command again runs the rest (same as tune.n_trials=N)")
+    add_overrides(parser, "env=hopper search=ppo tune.objective=time_to_target "
+                          "tune.target=2000 tune.budget_s=120 tune.workers=2")
+    from workbench.tuning.study import run_tune
+
+    def run(args: argparse.Namespace) -> int:
+        result = run_tune(args.overrides, args.n_trials)
+        if result.failures:
+            listed = ", ".join(f"{r.number} ({r.error})" for r in result.failures)
+            print(f"workbench: {len(result.failures)} of {len(result.records)} trials failed: "
+                  f"{listed}", file=sys.stderr)
+            return EXIT_FAILED
+        return EXIT_OK
+
+    return run
+
+
 def setup_ui(parser: argparse.ArgumentParser) -> Runner:
     """``workbench ui [--host] [--port] [--workers] [OVERRIDES]``."""
     from workbench.review import ui
@@ -198,6 +219,8 @@ COMMANDS: dict[str, Command] = {
     "train": Command("train one PPO run; prints its MLflow run id", setup_train),
     "sweep": Command("sweep notebooks/train.ipynb over sweep.num_envs x sweep.n_steps x "
                      "sweep.seeds with papermill", setup_sweep),
+    "tune": Command("tune hyperparameters: an Optuna study over search.params whose trials are "
+                    "papermill executions of notebooks/train.ipynb", setup_tune),
     "ui": Command("open the MLflow UI on the configured store (127.0.0.1)", setup_ui),
     "calibrate": Command("measure the vectorization backends for the configured task and "
                          "show which env.vec_env=auto uses", setup_calibrate),

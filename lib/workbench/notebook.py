@@ -27,6 +27,7 @@ from stable_baselines3.common.logger import KVWriter
 from workbench.config import ConfigError
 from workbench.tracking.writer import LATE_PREFIXES, numeric_items
 from workbench.training.trainer import summary_rows
+from workbench.tuning.trial import TrialSession, open_trial
 
 if TYPE_CHECKING:
     import pandas
@@ -45,6 +46,8 @@ PARAMETERS: dict[str, type] = {
     "sweep_id": str,  # set by `workbench sweep`: the sweep this point belongs to
     "parent_run_id": str,  # set by `workbench sweep`: the sweep's parent MLflow run
     "point": str,  # set by `workbench sweep`: the point's name (= its run name)
+    "study": str,  # set by `workbench tune`: the Optuna study this trial belongs to
+    "trial": int,  # set by `workbench tune`: the trial's number in the study
 }
 # First line of the notebook's parameters cell, and of the cell papermill injects after it.
 PARAMETERS_CELL_MARKER = "# Notebook parameters"
@@ -80,6 +83,8 @@ class NotebookParameters:
     sweep_id: str = ""
     parent_run_id: str = ""
     point: str = ""
+    study: str = ""
+    trial: int = -1
     injected: tuple[str, ...] = field(default=(), compare=False)  # names papermill set
 
     def config_overrides(self) -> list[str]:
@@ -189,6 +194,17 @@ def top_level_names(source: str) -> list[str]:
             [node.target] if isinstance(node, ast.AnnAssign | ast.AugAssign) else [])
         names.extend(t.id for t in targets if isinstance(t, ast.Name))
     return names
+
+
+def tuning_trial(params: NotebookParameters) -> TrialSession:
+    """The tuning trial this execution trains for (``workbench tune`` sets ``study`` and
+    ``trial``): its run tags and the callback that reports to it; empty outside a study."""
+    if not params.study:
+        return TrialSession()
+    if params.trial < 0:
+        raise ParameterError(f"notebook parameter trial={params.trial}: a study's trial needs "
+                             "its number (>= 0), e.g. -p trial 3")
+    return open_trial(params.study, params.trial)
 
 
 def notebook_path(namespace: Mapping[str, Any]) -> str:

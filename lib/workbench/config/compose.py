@@ -25,7 +25,7 @@ from workbench.config.errors import ConfigError
 from workbench.config.schema import WorkbenchConfig, schema_field
 
 SCHEMA_NAME = "workbench_schema"
-GROUPS = ("env", "algo", "tuning", "experiment", "sweep", "tracking", "debug")
+GROUPS = ("env", "algo", "tuning", "experiment", "sweep", "search", "tracking", "debug")
 
 
 def minibatch(num_envs: int, n_steps: int, minibatches: int) -> int:
@@ -46,9 +46,23 @@ def conf_dir() -> Path:
     return paths.project_root() / "conf"
 
 
+def user_conf_dir() -> Path:
+    """Config the workbench writes for its user, searched after ``conf/``: ``experiments/conf``.
+
+    ``workbench tune`` writes a study's best trial there as ``experiment/tuned/<study>.yaml``
+    (``experiment=tuned/<study>``); a file copied into ``conf/`` under the same name wins.
+    """
+    return paths.experiments_dir() / "conf"
+
+
 def group_options(group: str) -> list[str]:
-    """Names of the options of a config group, from the YAML files in ``conf/<group>/``."""
-    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+    """Names of the options of a config group: the YAML files under ``conf/<group>/`` and
+    ``experiments/conf/<group>/``, subfolders included (``tuned/<study>``)."""
+    names: set[str] = set()
+    for root in (conf_dir(), user_conf_dir()):
+        base = root / group
+        names.update(p.relative_to(base).with_suffix("").as_posix() for p in base.rglob("*.yaml"))
+    return sorted(names)
 
 
 def compose(overrides: Sequence[str] = ()) -> DictConfig:
@@ -67,9 +81,12 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
     # type before the YAML files and overrides are merged in (Hydra's structured configs).
     ConfigStore.instance().store(name=SCHEMA_NAME, node=WorkbenchConfig)
     GlobalHydra.instance().clear()
+    # Hydra's search path (primary config first): the user's written config after conf/.
+    extra = user_conf_dir()
+    search = [f"hydra.searchpath=[{hydra_value(f'file://{extra}')}]"] if extra.is_dir() else []
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            return hydra_compose(config_name="config", overrides=list(overrides))
+            return hydra_compose(config_name="config", overrides=[*overrides, *search])
     except ConfigError:
         raise
     except Exception as exc:  # Hydra wraps OmegaConf errors in several exception types

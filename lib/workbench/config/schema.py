@@ -62,10 +62,39 @@ class Schedule(StrEnum):
 
 
 class SweepExecutor(StrEnum):
-    """Where sweep points run (``sweep.executor``)."""
+    """Where sweep points (and tuning trials, ``tune.executor``) run (``sweep.executor``)."""
 
     local = "local"  # threads on this machine, one kernel per point
     ray = "ray"  # tasks on an existing Ray cluster
+
+
+class TuneObjective(StrEnum):
+    """What a tuning study optimizes (``tune.objective``; docs/tuning.md)."""
+
+    final_return = "final_return"  # the final deterministic evaluation's mean return (maximize)
+    # training seconds until an evaluation reaches tune.target; never: tune.budget_s (minimize)
+    time_to_target = "time_to_target"
+    # area under the evaluation return vs training seconds over tune.budget_s, divided by it:
+    # the mean return over the budget (maximize)
+    auc = "auc"
+
+
+class TuneSampler(StrEnum):
+    """How a study picks the next trial's values (Optuna's samplers, ``tune.sampler``)."""
+
+    tpe = "tpe"  # Tree-structured Parzen Estimator
+    random = "random"
+    grid = "grid"  # every combination of ``choices`` (all params need choices)
+    cmaes = "cmaes"  # CMA-ES over the numeric ranges (choices are sampled at random)
+
+
+class TunePruner(StrEnum):
+    """Which trials stop early (Optuna's pruners, ``tune.pruner``)."""
+
+    median = "median"  # below the median of completed trials at the same report
+    halving = "halving"  # asynchronous successive halving
+    hyperband = "hyperband"
+    none = "none"
 
 
 @dataclass(frozen=True)
@@ -281,6 +310,45 @@ class SweepConfig:
 
 
 @dataclass
+class SearchConfig:
+    """A search space for ``workbench tune`` (see conf/search/): the name, the dimensions."""
+
+    name: str = "none"  # the conf/search/ option this came from
+    # search key (learning_rate, n_steps, ..., docs/tuning.md) -> {low, high, log, step} or
+    # {choices: [...]}; checked by workbench.tuning.space (free-form here, so overrides can add
+    # a key: '+search.params.clip_range={low:0.1,high:0.4}')
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TuneConfig:
+    """A tuning study for ``workbench tune`` (Optuna; docs/tuning.md)."""
+
+    study: str | None = None  # None: <env>-<objective>-<hash of space, overrides, objective>
+    n_trials: int = ranged(20, 1, example=20)  # trials of the study in total (resume: the rest)
+    objective: TuneObjective = TuneObjective.final_return
+    target: float | None = None  # return to reach (tune.objective=time_to_target)
+    # training seconds per trial (evaluations excluded); None: total_timesteps only
+    budget_s: float | None = ranged(None, 0, above=True, example=120)
+    # deterministic evaluation every N env steps in every trial (sets eval.every_steps)
+    eval_every_steps: int = ranged(10_000, 1, example=10000)
+    # time objectives report to the pruner every N training seconds; None: budget_s / 10
+    report_every_s: float | None = ranged(None, 0, above=True, example=10)
+    sampler: TuneSampler = TuneSampler.tpe
+    seed: int | None = ranged(None, 0, example=0)  # the sampler's seed; None: random
+    pruner: TunePruner = TunePruner.median
+    startup_trials: int = ranged(5, 0, example=5)  # median: no pruning before N completed trials
+    warmup_steps: int = ranged(0, 0, example=0)  # median: no pruning before this report step
+    workers: int = ranged(1, 1, example=2)  # concurrent trials; each gets cores / workers CPUs
+    executor: SweepExecutor = SweepExecutor.local
+    # seconds per trial (kernel start included); None: no limit
+    timeout: float | None = ranged(None, 0, above=True, example=3600)
+    # Optuna RDB storage URL; None: optuna.db beside the MLflow store, or the team server's
+    storage: str | None = None
+    ray: RayConfig = field(default_factory=RayConfig)  # with executor=ray
+
+
+@dataclass
 class ReproConfig:
     """Reproducibility switches; seeding itself is always on (``seed``, env rank r: seed + r)."""
 
@@ -308,6 +376,8 @@ class WorkbenchConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
     repro: ReproConfig = field(default_factory=ReproConfig)
     init: InitConfig = field(default_factory=InitConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

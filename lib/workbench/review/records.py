@@ -16,7 +16,7 @@ import tempfile
 import urllib.parse
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -231,6 +231,18 @@ class FigureFile:
     png: bytes
 
 
+@dataclass(frozen=True)
+class Section:
+    """An extra part of a report after the ranking (a study's figures and top trials): a
+    title, a paragraph, a table (a cell is text, or ``(text, url)`` for a link) and figures."""
+
+    title: str
+    text: str
+    headers: tuple[str, ...] = ()
+    rows: tuple[tuple[str | tuple[str, str], ...], ...] = ()
+    figures: tuple[FigureFile, ...] = ()
+
+
 @dataclass
 class EnvironmentFacts:
     """What the runs' manifests say about their environment."""
@@ -262,6 +274,7 @@ class Report:
     environment: EnvironmentFacts
     figures: list[FigureFile]
     thresholds: Thresholds
+    sections: list[Section] = field(default_factory=list)  # e.g. a study's (review/study.py)
 
     def run_url(self, run: RunRecord) -> str:
         """The run's page in the MLflow UI."""

@@ -76,6 +76,7 @@ def report_blocks(report: Report) -> list[Block]:
     if report.description:
         blocks.append(Block("p", report.description))
     blocks += ranking_blocks(report)
+    blocks += section_blocks(report)
     blocks += [Block("h2", "Figures")]
     for fig in report.figures:
         blocks += [Block("h3", fig.title), Block("figure", fig.caption, figure=fig)]
@@ -111,6 +112,20 @@ def ranking_blocks(report: Report) -> list[Block]:
                                 "training time (s)", "peak memory (MiB)", "status", "runs"),
               rows=tuple(rows)),
     ]
+
+
+def section_blocks(report: Report) -> list[Block]:
+    """The report's extra sections (a study's top trials and figures), in order."""
+    blocks: list[Block] = []
+    for section in report.sections:
+        blocks += [Block("h2", section.title), Block("p", section.text)]
+        if section.headers:
+            rows = tuple(tuple(Link(*c) if isinstance(c, tuple) else c for c in row)
+                         for row in section.rows)
+            blocks.append(Block("table", headers=section.headers, rows=rows))
+        for fig in section.figures:
+            blocks += [Block("h3", fig.title), Block("figure", fig.caption, figure=fig)]
+    return blocks
 
 
 def diagnostic_blocks(report: Report) -> list[Block]:
@@ -381,7 +396,7 @@ def write_report(report: Report, out_dir: Path) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:
         blocks = report_blocks(report)
-        for fig in report.figures:
+        for fig in [*report.figures, *(f for s in report.sections for f in s.figures)]:
             (staging / fig.filename).write_bytes(fig.png)
         (staging / "index.html").write_text(render_html(report, blocks), encoding="utf-8")
         (staging / "report.md").write_text(render_markdown(blocks), encoding="utf-8")

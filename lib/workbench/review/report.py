@@ -1,7 +1,8 @@
 """``workbench report``: pick runs, load them from MLflow, write ``reports/<name>/``.
 
-``workbench report --sweep ID | --experiment NAME | --runs ID,ID,...`` (no selector: the
-latest sweep) loads the runs' metric histories and manifests (:mod:`workbench.review.records`),
+``workbench report --sweep ID | --experiment NAME | --runs ID,ID,... | --study NAME`` (no
+selector: the latest sweep) loads the runs' metric histories and manifests
+(:mod:`workbench.review.records`),
 ranks the grid points by final evaluation reward, runs the diagnostics and bottleneck
 analysis (:mod:`workbench.review.diagnostics`), draws the figures
 (:mod:`workbench.review.figures`) and writes ``index.html`` and ``report.md``
@@ -35,6 +36,8 @@ from workbench.review.records import (
 )
 from workbench.review.render import write_report
 from workbench.review.selection import Selection
+from workbench.review.study import load_study, run_url, study_section
+from workbench.tuning.storage import storage_url
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +49,8 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--experiment", metavar="NAME", type=non_empty,
                        help="every run of an MLflow experiment")
     which.add_argument("--runs", metavar="ID,ID,...", type=run_ids, help="these runs")
+    which.add_argument("--study", metavar="NAME", type=non_empty,
+                       help="a tuning study's trials, with its Optuna figures (workbench tune)")
     select.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", type=tag,
                         help="only runs with this tag (repeatable)")
     parser.add_argument("--name", help="folder under reports/ (default: from the selection)")
@@ -107,7 +112,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.name is not None and not NAME_PATTERN.match(args.name):
         raise ConfigError(f"--name {args.name!r}: use letters, digits, '.', '_' and '-' only")
     report = open_report(selection, overrides=args.overrides, thresholds=thresholds,
-                         ui_url=args.ui_url, name=args.name)
+                         ui_url=args.ui_url, name=args.name, study=args.study)
     fired = sum(len(d) for d in report.diagnostics.values())
     print(f"report: {len(report.runs)} run(s), {len(report.points)} point(s), {fired} "
           f"diagnostic(s) fired ({report.selection})", file=sys.stderr)
@@ -123,18 +128,30 @@ def open_report(
     thresholds: Thresholds | Mapping[str, Any] | None = None,
     ui_url: str = DEFAULT_UI_URL,
     name: str | None = None,
+    study: str | None = None,
 ) -> Report:
     """Build a report against the configured store (the CLI's and the notebook's entry).
 
-    ``overrides`` are config overrides that locate the store (``tracking.uri=...``);
-    ``MLFLOW_TRACKING_URI`` wins as everywhere. ``thresholds`` may be a plain dict.
+    ``overrides`` are config overrides that locate the store (``tracking.uri=...``, and
+    ``tune.storage=...`` for a study); ``MLFLOW_TRACKING_URI`` wins as everywhere.
+    ``thresholds`` may be a plain dict. ``study`` reports a tuning study: its trials' runs
+    plus its section (:mod:`workbench.review.study`).
     """
     if thresholds is None or isinstance(thresholds, Mapping):
         thresholds = Thresholds.from_mapping(thresholds or {})
     cfg = load_config(overrides)
     uri = resolve_tracking_uri(cfg.tracking.uri)
-    return build_report(open_store(uri), selection, store=uri, thresholds=thresholds,
-                        ui_url=ui_url, name=name)
+    if study is None:
+        return build_report(open_store(uri), selection, store=uri, thresholds=thresholds,
+                            ui_url=ui_url, name=name)
+    optuna_study = load_study(study, storage_url(cfg.tune.storage, uri))
+    client = open_store(uri)
+    report = build_report(client, Selection(sweep_id=study, tags=selection.tags), store=uri,
+                          thresholds=thresholds, ui_url=ui_url, name=name or f"study-{study}")
+    urls = {r.run_id: run_url(ui_url, r.experiment_id, r.run_id) for r in report.runs}
+    report.sections.append(study_section(optuna_study, urls))
+    report.title = f"Report: study {study}"
+    return report
 
 
 def open_store(uri: str) -> MlflowClient:

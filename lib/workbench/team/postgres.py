@@ -15,7 +15,7 @@ from urllib.parse import quote
 from workbench.team.layout import Layout, ServerError
 
 DB_ROLE = "workbench"  # superuser of the private cluster (trusted on its private socket)
-DATABASES = ("mlflow", "mlflow_auth")
+DATABASES = ("mlflow", "mlflow_auth", "optuna")  # optuna: workbench tune's studies
 
 def postgres_bin_dir() -> Path:
     """The directory holding ``initdb`` and ``pg_ctl`` (``WORKBENCH_PG_BIN`` overrides)."""

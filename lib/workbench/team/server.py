@@ -3,8 +3,9 @@
 ``workbench server start|stop|status`` (``make server``) manages two processes that live
 under ``experiments/server/``:
 
-- a private PostgreSQL cluster (``pgdata/``) holding two databases, ``mlflow`` (runs,
-  params, metrics, tags) and ``mlflow_auth`` (users and permissions of the basic-auth app).
+- a private PostgreSQL cluster (``pgdata/``) holding three databases, ``mlflow`` (runs,
+  params, metrics, tags), ``mlflow_auth`` (users and permissions of the basic-auth app) and
+  ``optuna`` (the studies of ``workbench tune``).
   It listens on a Unix socket only, in ``run/`` (mode 0700): no TCP port, so there is no
   database password to leak and no way around MLflow's access control from another account
   on the machine. PostgreSQL refuses to run as root; as root the cluster runs as the
@@ -366,6 +367,16 @@ def status(layout: Layout | None = None) -> Status:
     return Status(running=alive, url=state.url if state else None,
                   pid=state.pid if state else None, healthy=healthy, postgres=pg,
                   root=layout.root)
+
+
+def optuna_storage_url(layout: Layout | None = None) -> str | None:
+    """The ``optuna`` database of the server running on this machine (``workbench tune``'s
+    studies, next to MLflow's database), or None when no server runs here."""
+    layout = layout or default_layout()
+    state = read_state(layout)
+    if state is None or not is_our_server(state.pid, layout):
+        return None
+    return database_uri(layout, state.pg_port, "optuna")
 
 
 def port_of(uri: str | None) -> int:

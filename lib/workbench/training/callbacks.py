@@ -1,4 +1,5 @@
-"""SB3 callback that adds what PPO does not record itself: timing split, entropy, evaluation.
+"""SB3 callbacks that add what PPO does not record itself: timing split, entropy, evaluation,
+reward components, memory, and a tuning trial's clock, budget and reports.
 
 All values go through ``self.logger.record`` so they reach every logger writer (MLflow,
 console) in the same dump as SB3's own keys.
@@ -11,7 +12,7 @@ import math
 import resource
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 from stable_baselines3.common.callbacks import BaseCallback
@@ -246,3 +247,67 @@ def proportional_bytes(process: psutil.Process) -> int:
         return int(process.memory_full_info().pss)
     except (AttributeError, psutil.AccessDenied):  # no pss on this platform / not ours
         return int(process.memory_info().rss)
+
+
+# --------------------------------------------------------------------------- tuning trials
+
+CONTINUE, STOP, PRUNE = "continue", "stop", "prune"  # what a trial's reporter answers
+
+
+class TrialReporter(Protocol):
+    """What a tuning trial's training talks to (``workbench.tuning.trial`` implements it with
+    Optuna); training itself never imports Optuna."""
+
+    budget_s: float | None  # training seconds the trial may use (None: total_timesteps only)
+
+    def progress(self, train_s: float, steps: int, mean_return: float | None) -> str:
+        """Called at every rollout end with the training clock and, when an evaluation ran,
+        its mean return; answers CONTINUE, STOP (the objective is settled) or PRUNE."""
+        ...
+
+
+class TrialCallback(BaseCallback):
+    """Training as one trial of a study: its own clock, its budget, its reports.
+
+    The clock counts training only: the time of the evaluations ``IterationCallback`` makes
+    (``time/eval_s``; this callback runs after it) is excluded, as in
+    ``benchmarks/time_to_reward.py``. At every rollout end it records ``trial/train_s`` and,
+    after an evaluation, ``trial/eval_train_s`` (the clock when the evaluation started), so
+    the run's record holds the return-vs-time curve the objective is computed from. Training
+    stops at the next step once the budget is spent, the reporter says the objective is
+    settled, or the pruner stops the trial (``pruned`` is then True).
+    """
+
+    def __init__(self, reporter: TrialReporter) -> None:
+        super().__init__()
+        self.reporter = reporter
+        self.verdict = CONTINUE
+        self.started = 0.0
+        self.paused = 0.0
+
+    @property
+    def pruned(self) -> bool:
+        return self.verdict == PRUNE
+
+    def _on_training_start(self) -> None:
+        self.started = time.perf_counter()
+        self.paused = 0.0
+
+    def _on_step(self) -> bool:
+        return self.verdict == CONTINUE
+
+    def _on_rollout_end(self) -> None:
+        values = self.logger.name_to_value
+        mean_return = values.get("eval/mean_reward") if "eval/mean_reward" in values else None
+        eval_s = float(values.get("time/eval_s", 0.0)) if mean_return is not None else 0.0
+        train_s = time.perf_counter() - self.started - self.paused - eval_s
+        self.paused += eval_s
+        self.logger.record("trial/train_s", train_s)
+        if mean_return is not None:
+            self.logger.record("trial/eval_train_s", train_s)
+        verdict = self.reporter.progress(train_s, self.num_timesteps,
+                                         None if mean_return is None else float(mean_return))
+        budget = self.reporter.budget_s
+        if verdict == CONTINUE and budget is not None and train_s >= budget:
+            verdict = STOP
+        self.verdict = verdict

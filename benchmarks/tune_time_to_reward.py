@@ -1,0 +1,133 @@
+"""Tuning for time to reward: a ``workbench tune`` study, then its best trial side by side.
+
+1. A study through the real command (``workbench tune``, papermill trials, MLflow, Optuna's
+   SQLite storage, all in a temporary experiments folder): ``tune.objective=time_to_target``
+   on one task with a fixed total budget (``--trials`` x ``--trial-budget-s`` training
+   seconds on ``--workers`` workers), TPE and the median pruner.
+2. The best trial's values (the ``experiment=tuned/<study>`` file it wrote, as overrides)
+   re-run on ``--seeds`` next to the shipped defaults (``env=<task>``) and the zoo's preset
+   (``experiment=zoo_<task>``), through ``benchmarks/time_to_reward.py``'s protocol
+   (interleaved seeds, fresh process per run, training seconds only, evaluations every
+   10000 steps x 5 episodes), with ``--rerun-budget-s`` per run.
+
+    python benchmarks/tune_time_to_reward.py --task hopper --target 400 --trials 8 \\
+        --trial-budget-s 100 --workers 1 --rerun-budget-s 150 --seeds 0 1 2   # the defaults
+    python benchmarks/tune_time_to_reward.py --task hopper --target 1500 --trials 40 \\
+        --trial-budget-s 120 --workers 2      # a larger budget, for a machine of its own
+
+Prints the study's table, then the time-to-reward table and the tuned/defaults and
+tuned/zoo ratios; writes ``benchmarks/results/tune_time_to_reward.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+import time_to_reward  # noqa: E402
+
+
+def run_study(args: argparse.Namespace, experiments: Path) -> tuple[str, Path, str]:
+    """``workbench tune`` in a fresh experiments folder; returns study, best config, output."""
+    study = f"bench-{args.task}-ttr"
+    command = [
+        sys.executable, "-m", "workbench", "tune", "--n-trials", str(args.trials),
+        f"env={args.task}", "search=ppo", "tune.objective=time_to_target",
+        f"tune.target={args.target}", f"tune.budget_s={args.trial_budget_s}",
+        f"tune.workers={args.workers}", f"tune.study={study}", f"tune.seed={args.sampler_seed}",
+        f"tune.startup_trials={args.startup_trials}", "total_timesteps=5000000",
+        "tracking.system_metrics=false", "console.iteration_lines=false",
+    ]
+    env = {**os.environ, "WORKBENCH_EXPERIMENTS": str(experiments),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{experiments / 'mlflow.db'}"}
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=args.trials * (args.trial_budget_s + 600))
+    except BaseException:  # Ctrl-C, timeout: the study stops its kernels and marks its runs
+        proc.send_signal(signal.SIGTERM)  # SIGINT may be ignored (a background job)
+        proc.communicate(timeout=120)
+        raise
+    print(out[out.find("Study "):], flush=True)
+    print(f"study wall time: {time.perf_counter() - started:.0f} s", flush=True)
+    if proc.returncode not in (0, 1):
+        sys.exit(f"workbench tune failed ({proc.returncode}): {err[-3000:]}")
+    return study, experiments / "conf" / "experiment" / "tuned" / f"{study}.yaml", out
+
+
+def tuned_overrides(path: Path) -> str:
+    """The best-config file as time_to_reward contestant overrides (``a=1,b=[2,3]``)."""
+    from workbench.config.compose import hydra_value
+
+    body = yaml.safe_load(path.read_text())
+    items = ["algo=ppo_sb3"]
+    for section in ("env", "algo"):
+        flat = flatten(body[section], f"{section}.")
+        items += [f"{k}={hydra_value(v)}" for k, v in flat.items()]
+    return ",".join(items)
+
+
+def flatten(tree: dict[str, Any], prefix: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="hopper", choices=sorted(time_to_reward.ENV_IDS))
+    parser.add_argument("--target", type=float, default=400.0)
+    parser.add_argument("--trials", type=int, default=8)
+    parser.add_argument("--trial-budget-s", type=float, default=100.0)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--startup-trials", type=int, default=3)
+    parser.add_argument("--sampler-seed", type=int, default=0)
+    parser.add_argument("--rerun-budget-s", type=float, default=150.0)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    args = parser.parse_args()
+    print(f"tune time to reward: {args.task} to {args.target:g}, {args.trials} trials x "
+          f"{args.trial_budget_s:g} s on {args.workers} workers; re-runs {args.seeds} x "
+          f"{args.rerun_budget_s:g} s; {harness.load_line()}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="wb-tune-bench-") as tmp:
+        study, best_path, output = run_study(args, Path(tmp) / "experiments")
+        if not best_path.exists():
+            sys.exit("the study completed no trial: no best config to re-run")
+        best_text = best_path.read_text()
+        tuned = tuned_overrides(best_path)
+    print(best_text, flush=True)
+    data = time_to_reward.main([
+        "--tasks", args.task, "--seeds", *map(str, args.seeds), "--thresholds",
+        str(args.target), "--budget-s", str(args.rerun_budget_s),
+        "--contestant", f"tuned={tuned}", "--only", "workbench", "zoo", "tuned"])
+    medians = data["summary"][args.task]["median_s"]
+    for base in ("workbench", "zoo"):
+        t, b = medians["tuned"][0], medians[base][0]
+        shown = f"{t / b:.2f}" if b != float("inf") and t != float("inf") else (
+            f"< {t / args.rerun_budget_s:.2f} ({base} not reached)" if t != float("inf")
+            else "n/a (tuned not reached)")
+        print(f"  tuned / {base} time ratio to {args.target:g}: {shown}")
+    path = harness.write_results("tune_time_to_reward", {
+        "args": vars(args), "study": study, "study_output": output, "best_config": best_text,
+        "time_to_reward": data})
+    print(f"results: {path}  ({harness.load_line()})")
+
+
+if __name__ == "__main__":
+    main()

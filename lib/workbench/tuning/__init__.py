@@ -1,0 +1,12 @@
+"""Tuning: Optuna studies whose trials are executions of notebooks/train.ipynb (``workbench tune``).
+
+    plan.py        a tuning request checked into a plan (space, objective, study name)
+    space.py       search.params as dimensions, and a trial's values as overrides
+    objectives.py  final return, seconds to a target, area under return vs time; pruner reports
+    storage.py     the study's RDB storage (SQLite beside MLflow's, the team PostgreSQL), locks
+    methods.py     samplers and pruners by name
+    trial.py       the kernel's side: the Optuna trial a training reports to
+    executors.py   trials on this machine or on Ray, one submitted at a time
+    study.py       the study loop: claim, run, tell; the parent run; the result table
+    best.py        the best trial as experiment=tuned/<study>
+"""

@@ -1,0 +1,168 @@
+"""What a study optimizes, computed from a trial's evaluations, and what it reports to the
+pruner while the trial trains.
+
+A trial's curve is its deterministic evaluations during training: (training seconds at the
+evaluation, evaluation steps, mean return), the clock counting training only (evaluations
+excluded), as ``benchmarks/time_to_reward.py`` measures.
+
+- ``final_return``: the final evaluation's mean return (maximize). Report k is the evaluation
+  after k x ``tune.eval_every_steps`` env steps, its value that evaluation's return.
+- ``time_to_target``: training seconds at the first evaluation that reaches ``tune.target``;
+  a trial that never does scores ``tune.budget_s``, so every trial is comparable (minimize).
+  Report k is at k x ``report_every_s`` training seconds, its value the shortfall
+  ``target - return`` of the latest evaluation by then (lower is better, like the objective).
+- ``auc``: the area under the return-vs-training-seconds curve over ``[0, budget_s]`` divided
+  by ``budget_s``: the mean return over the budget (maximize). The curve is a step function
+  (each evaluation's return holds until the next; the first also before it; the last until
+  the budget). Report k is the partial area up to k x ``report_every_s``, divided by the budget.
+
+Pure functions of plain values: the driver scores a finished trial with them, and the trial's
+kernel computes its reports with them (``workbench.tuning.trial``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, NamedTuple
+
+MAXIMIZE, MINIMIZE = "maximize", "minimize"
+DIRECTIONS = {"final_return": MAXIMIZE, "time_to_target": MINIMIZE, "auc": MAXIMIZE}
+UNITS = {"final_return": "return", "time_to_target": "s", "auc": "mean return"}
+
+
+class Evaluation(NamedTuple):
+    """One deterministic evaluation during training."""
+
+    train_s: float  # training seconds when it started (evaluations excluded)
+    steps: int  # env steps trained by then
+    mean_return: float
+
+
+@dataclass(frozen=True)
+class Objective:
+    """An objective with its settings (stored in the study, read back by each trial)."""
+
+    name: str
+    target: float | None = None
+    budget_s: float | None = None
+    eval_every_steps: int = 10_000
+    report_every_s: float | None = None
+
+    @property
+    def direction(self) -> str:
+        return DIRECTIONS[self.name]
+
+    @property
+    def timed(self) -> bool:
+        """True when it is measured on training seconds (reports on the clock)."""
+        return self.name != "final_return"
+
+    @property
+    def report_interval_s(self) -> float:
+        """Training seconds between reports of a time objective."""
+        if self.report_every_s:
+            return self.report_every_s
+        return (self.budget_s or 0.0) / 10.0
+
+    def describe(self) -> str:
+        """``time_to_target (target 900, budget 60 s)``."""
+        parts = []
+        if self.target is not None:
+            parts.append(f"target {self.target:g}")
+        if self.budget_s is not None:
+            parts.append(f"budget {self.budget_s:g} s")
+        return self.name + (f" ({', '.join(parts)})" if parts else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Objective:
+        return cls(**{k: values[k] for k in ("name", "target", "budget_s", "eval_every_steps",
+                                             "report_every_s") if k in values})
+
+    # ------------------------------------------------------------------- scoring
+
+    def score(self, curve: Sequence[Evaluation], final_return: float | None) -> float:
+        """The finished trial's value (NaN when it cannot be scored: no evaluation)."""
+        if self.name == "final_return":
+            return math.nan if final_return is None else float(final_return)
+        if self.name == "time_to_target":
+            reached = time_reached(curve, self.target_value())
+            return reached if reached is not None else self.budget()
+        return area(curve, self.budget()) / self.budget() if curve else math.nan
+
+    def settled(self, curve: Sequence[Evaluation]) -> bool:
+        """True once more training cannot change the value (the target is reached)."""
+        if self.name != "time_to_target":
+            return False
+        return time_reached(curve, self.target_value()) is not None
+
+    def reports(self, curve: Sequence[Evaluation], now_s: float, done: int
+                ) -> list[tuple[int, float]]:
+        """The reports due now after report ``done``: ``(k, value)``, k counting from 1."""
+        if not curve:
+            return []
+        due: list[tuple[int, float]] = []
+        if not self.timed:
+            for point in curve:
+                k = point.steps // self.eval_every_steps
+                if k > done and (not due or k > due[-1][0]):
+                    due.append((k, point.mean_return))
+            return due
+        interval = self.report_interval_s
+        if interval <= 0:
+            return []
+        k = done + 1
+        while k * interval <= now_s:
+            at = k * interval
+            known = [p for p in curve if p.train_s <= at]
+            if known:
+                due.append((k, self.partial(known, at)))
+            k += 1
+        return due
+
+    def partial(self, known: Sequence[Evaluation], at_s: float) -> float:
+        """A time objective's report value at ``at_s`` from the evaluations made by then."""
+        if self.name == "time_to_target":
+            return self.target_value() - known[-1].mean_return
+        return area(known, at_s) / self.budget()
+
+    def target_value(self) -> float:
+        assert self.target is not None, "time_to_target needs tune.target (checked in the plan)"
+        return self.target
+
+    def budget(self) -> float:
+        assert self.budget_s is not None, "time objectives need tune.budget_s (plan checks)"
+        return self.budget_s
+
+
+def time_reached(curve: Sequence[Evaluation], target: float) -> float | None:
+    """Training seconds at the first evaluation whose return reaches ``target``."""
+    for point in curve:
+        if point.mean_return >= target:
+            return point.train_s
+    return None
+
+
+def area(curve: Sequence[Evaluation], until_s: float) -> float:
+    """The area under the step-function curve over ``[0, until_s]``."""
+    if not curve or until_s <= 0:
+        return 0.0
+    total, held, since = 0.0, curve[0].mean_return, 0.0
+    for point in curve:
+        at = min(max(point.train_s, since), until_s)
+        total += held * (at - since)
+        held, since = point.mean_return, at
+        if since >= until_s:
+            return total
+    return total + held * (until_s - since)
+
+
+def curve_from_metrics(train_s: Mapping[int, float], returns: Mapping[int, float]
+                       ) -> list[Evaluation]:
+    """The curve from two metric histories keyed by step (``trial/eval_train_s``,
+    ``eval/mean_reward``): the steps where both were logged, in order."""
+    return [Evaluation(train_s[s], s, returns[s]) for s in sorted(train_s) if s in returns]

@@ -1,0 +1,558 @@
+"""``workbench tune``: an Optuna study whose trials are executions of ``notebooks/train.ipynb``.
+
+Data flow::
+
+    overrides --plan_tune--> TunePlan (validated; nothing computed or written yet)
+      --> the study in its RDB storage (created or joined) + one MLflow parent run
+      --> while trials are left (tune.n_trials in total, every worker counted):
+            claim (under the storage's lock): ask Optuna, sample the space
+            --> backend: papermill -> fresh kernel -> train() as a child run, the kernel
+                reporting evaluations to its Optuna trial (pruning)
+            --> tell: COMPLETE with the objective, PRUNED, or FAIL
+      --> the best trial as experiment=tuned/<study>, the parent closed, the result table
+
+Properties (the sweep's, see :mod:`workbench.sweeps.sweep`): parallel within the cores,
+failure isolation (a crashing trial is FAIL and the study goes on), Ctrl-C stops the running
+kernels (their runs and the parent KILLED, their trials FAIL, not counted, so a resume
+replaces them), resumable (the same command joins its study; ``tune.n_trials`` is the total),
+several workers on one study through its storage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+
+from workbench.config import ConfigError
+from workbench.config.compose import hydra_value
+from workbench.sweeps.point import FAILED, FINISHED, KILLED, SKIPPED, PointOutcome, PointSpec
+from workbench.sweeps.store import child_filter, prepare_store, search_all
+from workbench.tracking import runs
+from workbench.tracking.redaction import redact_uri
+from workbench.tracking.store import MAX_TAG_VALUE_LENGTH, is_embedded, log_params, truncate
+from workbench.tuning.best import best_config_text, write_best_config
+from workbench.tuning.executors import TrialBackend, make_backend
+from workbench.tuning.methods import PRUNER_ATTR, build_pruner, build_sampler, pruner_settings
+from workbench.tuning.objectives import UNITS, curve_from_metrics
+from workbench.tuning.plan import TunePlan, plan_tune, trial_config
+from workbench.tuning.storage import (
+    COUNTED,
+    PRUNED_AT,
+    RUN_ID,
+    Heartbeat,
+    counts,
+    open_storage,
+    quiet_optuna,
+    study_lock,
+)
+from workbench.tuning.trial import OBJECTIVE_ATTR, STORAGE_ENV, format_value
+
+PARENT_ATTR = "workbench.parent_run_id"
+COMPLETE, PRUNED, FAIL = "COMPLETE", "PRUNED", "FAIL"
+
+
+@dataclass
+class TrialRecord:
+    """What became of one trial of this invocation."""
+
+    number: int
+    state: str  # COMPLETE | PRUNED | FAIL
+    values: dict[str, Any]
+    value: float | None = None
+    run_id: str | None = None
+    run_status: str | None = None
+    wall_s: float | None = None
+    error: str | None = None
+    pruned_at: dict[str, Any] | None = None
+
+
+@dataclass
+class TuneResult:
+    """What ``workbench tune`` did."""
+
+    study: str
+    parent_run_id: str
+    status: str
+    records: list[TrialRecord]
+    best: dict[str, Any] | None
+    best_config: Path | None
+    wall_s: float
+    trials_in_study: int = 0
+
+    @property
+    def failures(self) -> list[TrialRecord]:
+        return [r for r in self.records if r.state == FAIL]
+
+
+@dataclass
+class Ticket:
+    """A claimed trial on its way through a backend."""
+
+    trial: Any
+    trial_id: int
+    values: dict[str, Any]
+    spec: PointSpec
+    adjusted: dict[str, Any] = field(default_factory=dict)
+
+
+def run_tune(overrides: Sequence[str], n_trials: int | None = None) -> TuneResult:
+    """Plan, open the study and the parent run, run trials until the total, report.
+
+    Raises :class:`ConfigError` for a bad request (before anything is written) and
+    ``KeyboardInterrupt`` when stopped (running trials stopped, runs and parent KILLED).
+    """
+    quiet_optuna()
+    plan = plan_tune(overrides, n_trials)
+    backend = make_backend(str(plan.settings.executor), plan.settings.workers, plan.ray_address)
+    try:
+        return tune_with(plan, backend)
+    finally:
+        backend.close()
+
+
+def tune_with(plan: TunePlan, backend: TrialBackend) -> TuneResult:
+    """The study proper, on a connected backend."""
+    import optuna
+
+    started = time.perf_counter()
+    storage = open_storage(plan.storage)
+    client, experiment_id = prepare_store(plan.tracking_uri, plan.experiment)
+    with study_lock(plan.storage, plan.study):
+        study = open_study(plan, storage)
+        parent_id = parent_run(client, experiment_id, plan, study)
+    optuna.storages.fail_stale_trials(study)  # trials of workers that died: FAIL, not counted
+    runs.reap_stale_runs(plan.tracking_uri, experiment_names=[plan.experiment],
+                         filter_string=child_filter(plan.study))
+    done_before = sum(counts(t) for t in study.get_trials(deepcopy=False))
+    print_plan(plan, backend, parent_id, done_before)
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    records, status = run_trials(plan, study, storage, backend, client, parent_id,
+                                 experiment_id)
+    best = best_trial(study)
+    path = write_best(plan, best) if best else None
+    wall = time.perf_counter() - started
+    status = finish_parent(client, parent_id, study, records, wall, status, best)
+    result = TuneResult(plan.study, parent_id, status, records, best, path, wall,
+                        len(study.get_trials(deepcopy=False)))
+    print_results(result, plan)
+    if status == KILLED:
+        raise KeyboardInterrupt
+    return result
+
+
+def open_study(plan: TunePlan, storage: Any) -> Any:
+    """Create the study or join it; a study of the same name optimizing something else is
+    bad input. Its user attrs tell the trials' kernels the objective and the pruner."""
+    import optuna
+
+    sampler = build_sampler(plan.settings, plan.space)
+    pruner = build_pruner(pruner_settings(plan.settings))
+    study = optuna.create_study(study_name=plan.study, storage=storage, sampler=sampler,
+                                pruner=pruner, direction=direction(plan),
+                                load_if_exists=True)
+    stored = study.user_attrs.get(OBJECTIVE_ATTR)
+    if stored is not None and stored != plan.objective.as_dict():
+        raise ConfigError(
+            f"tune.study={plan.study}: this study optimizes {stored.get('name')} "
+            f"(target {stored.get('target')}, budget {stored.get('budget_s')} s), not "
+            f"{plan.objective.describe()}; keep its settings or choose another tune.study"
+        )
+    study.set_user_attr(OBJECTIVE_ATTR, plan.objective.as_dict())
+    study.set_user_attr(PRUNER_ATTR, pruner_settings(plan.settings))
+    study.set_user_attr("workbench.space", plan.space.as_dict())
+    study.set_user_attr("workbench.overrides", plan.point_overrides)
+    return study
+
+
+def direction(plan: TunePlan) -> Any:
+    """The study's direction as Optuna's enum."""
+    from optuna.study import StudyDirection
+
+    return StudyDirection[plan.objective.direction.upper()]
+
+
+def parent_run(client: MlflowClient, experiment_id: str, plan: TunePlan, study: Any) -> str:
+    """The study's parent run in this store: found again (set RUNNING), else created."""
+    found = search_all(client, experiment_id,
+                       f"tags.sweep_id = '{plan.study}' and tags.`tune.role` = 'study'")
+    if found:
+        run_id = found[0].info.run_id
+        client.update_run(run_id, status="RUNNING")
+    else:
+        tags = {"sweep_id": plan.study, "sweep.role": "parent", "tune.study": plan.study,
+                "tune.role": "study", "env": plan.env,
+                "mlflow.note.content": study_description(plan)}
+        run = client.create_run(experiment_id, run_name=plan.study, tags=tags)
+        run_id = run.info.run_id
+        log_params(client, run_id, plan.study_params())
+    study.set_user_attr(PARENT_ATTR, run_id)
+    return run_id
+
+
+def study_description(plan: TunePlan) -> str:
+    """The parent run's description: what the study searches and optimizes."""
+    t = plan.settings
+    return (f"Study {plan.study} on {plan.env}: {plan.objective.describe()} "
+            f"({plan.objective.direction}), {plan.n_trials} trials, sampler {t.sampler}, "
+            f"pruner {t.pruner}; searching {plan.space.describe()}.")
+
+
+# --------------------------------------------------------------------------- the trial loop
+
+
+def run_trials(plan: TunePlan, study: Any, storage: Any, backend: TrialBackend,
+               client: MlflowClient, parent_id: str, experiment_id: str
+               ) -> tuple[list[TrialRecord], str | None]:
+    """Claim, submit and settle trials until the study has its total; Ctrl-C: KILLED."""
+    heartbeat = Heartbeat(storage)
+    records: list[TrialRecord] = []
+    inflight: dict[Any, Ticket] = {}
+    status: str | None = None
+    with progress_bar(plan) as report:
+        try:
+            while True:
+                while len(inflight) < backend.workers:
+                    ticket = claim_trial(plan, study, storage, parent_id, experiment_id,
+                                         backend.cpus_per_trial)
+                    if ticket is None:
+                        break
+                    heartbeat.add(ticket.trial_id)
+                    output = plan.out_dir / f"{ticket.spec.point}.ipynb"
+                    inflight[backend.submit(ticket.spec, output)] = ticket
+                if not inflight:
+                    break
+                for handle in backend.wait(list(inflight)):
+                    ticket = inflight.pop(handle)
+                    record = settle_trial(plan, study, storage, client, ticket,
+                                          backend.result(handle))
+                    heartbeat.discard(ticket.trial_id)
+                    records.append(record)
+                    report(record)
+        except KeyboardInterrupt:
+            status = KILLED
+            backend.interrupt()
+            for handle, ticket in inflight.items():
+                outcome = interrupted_outcome(backend, handle, ticket)
+                records.append(settle_trial(plan, study, storage, client, ticket, outcome))
+        finally:
+            heartbeat.stop()
+    return records, status
+
+
+def interrupted_outcome(backend: TrialBackend, handle: Any, ticket: Ticket) -> PointOutcome:
+    """The outcome of a trial stopped by Ctrl-C (a stopped kernel reports KILLED)."""
+    try:
+        outcome = backend.result(handle)
+    except Exception as exc:  # the kernel did not answer in time: record it as killed
+        outcome = PointOutcome(ticket.spec.point, KILLED, error=f"interrupted ({exc})")
+    if outcome.status not in (KILLED, FAILED):
+        return outcome  # it finished just before the interrupt
+    outcome.status = KILLED
+    return outcome
+
+
+def claim_trial(plan: TunePlan, study: Any, storage: Any, parent_id: str, experiment_id: str,
+                cpus: int) -> Ticket | None:
+    """The next trial, sampled, or None when the study has its total (every worker's
+    trials counted, under the storage's lock)."""
+    with study_lock(plan.storage, plan.study):
+        if sum(counts(t) for t in study.get_trials(deepcopy=False)) >= plan.n_trials:
+            return None
+        trial = study.ask()
+        values = {d.name: d.suggest(trial) for d in plan.space.dimensions}
+    trial_id = storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name(plan.study), trial.number)
+    spec, adjusted = trial_spec(plan, trial.number, values, parent_id, experiment_id, cpus)
+    if adjusted:
+        trial.set_user_attr("workbench.adjusted", adjusted)
+    return Ticket(trial, trial_id, values, spec, adjusted)
+
+
+def trial_spec(plan: TunePlan, number: int, values: dict[str, Any], parent_id: str,
+               experiment_id: str, cpus: int) -> tuple[PointSpec, dict[str, Any]]:
+    """The trial as a sweep point: notebook parameters, kernel environment, tags.
+
+    A sampled ``batch_size`` larger than the trial's rollout is lowered to the rollout (as
+    rl-baselines3-zoo does), and the adjustment recorded in the trial.
+    """
+    base = plan.base
+    num_envs = int(values.get("num_envs", base.env.num_envs))
+    n_steps = int(values.get("n_steps", base.algo.n_steps))
+    adjusted: dict[str, Any] = {}
+    if int(values.get("batch_size", 0)) > num_envs * n_steps:
+        adjusted["batch_size"] = num_envs * n_steps
+    effective = {k: v for k, v in {**values, **adjusted}.items()
+                 if k not in ("num_envs", "n_steps")}
+    name = f"trial-{number:03d}"
+    sampled = plan.space.overrides(effective)
+    overrides = [*plan.point_overrides, *sampled, f"tracking.run_name={hydra_value(name)}"]
+    budget = str(cpus)
+    spec = PointSpec(
+        sweep_id=plan.study, point=name, parent_run_id=parent_id, experiment_id=experiment_id,
+        tracking_uri=plan.tracking_uri,
+        parameters={"env": base.env.name, "num_envs": num_envs, "n_steps": n_steps,
+                    "total_timesteps": base.total_timesteps, "seed": base.seed,
+                    "overrides": overrides, "sweep_id": plan.study, "parent_run_id": parent_id,
+                    "point": name, "study": plan.study, "trial": number},
+        tags={"env": base.env.name, "num_envs": str(num_envs), "n_steps": str(n_steps),
+              "seed": str(base.seed), "tune.study": plan.study, "tune.trial": str(number),
+              "tune.role": "trial"},
+        env_vars={"MLFLOW_TRACKING_URI": plan.tracking_uri, "WORKBENCH_CPU_BUDGET": budget,
+                  "OMP_NUM_THREADS": budget, "MKL_NUM_THREADS": budget,
+                  "WORKBENCH_NOTEBOOK": str(plan.out_dir / f"{name}.ipynb"),
+                  STORAGE_ENV: plan.storage},
+        timeout=plan.settings.timeout,
+    )
+    return spec, adjusted
+
+
+def settle_trial(plan: TunePlan, study: Any, storage: Any, client: MlflowClient,
+                 ticket: Ticket, outcome: PointOutcome) -> TrialRecord:
+    """Tell Optuna what the trial came to and tag its run with it."""
+    from optuna.trial import TrialState
+
+    number = ticket.trial.number
+    record = TrialRecord(number, FAIL, ticket.values, run_id=outcome.run_id,
+                         run_status=outcome.status, wall_s=outcome.wall_s, error=outcome.error)
+    frozen = storage.get_trial(ticket.trial_id)
+    if frozen.state.is_finished():  # failed as stale by another worker meanwhile
+        record.error = record.error or f"the study already recorded it {frozen.state.name}"
+        return record
+    if outcome.run_id:
+        storage.set_trial_user_attr(ticket.trial_id, RUN_ID, outcome.run_id)
+    if outcome.status in (FINISHED, SKIPPED) and outcome.run_id:
+        pruned = frozen.user_attrs.get(PRUNED_AT)
+        if pruned is not None:
+            study.tell(number, state=TrialState.PRUNED)
+            record.state, record.pruned_at = PRUNED, pruned
+            record.value = pruned.get("value")
+        else:
+            record.value = score_run(plan, client, outcome.run_id)
+            if math.isfinite(record.value):
+                study.tell(number, record.value)
+                record.state = COMPLETE
+            else:
+                record.error = ("no final evaluation to score (eval.final_episodes=0?)"
+                                if plan.objective.name == "final_return" else
+                                "no evaluation within the budget: lower tune.eval_every_steps "
+                                "or raise tune.budget_s")
+    if record.state == FAIL:
+        if outcome.status != KILLED:  # a failure of the trial itself counts; an interrupt not
+            storage.set_trial_user_attr(ticket.trial_id, COUNTED,
+                                        truncate(record.error or "failed", 500))
+        study.tell(number, state=TrialState.FAIL)
+    if outcome.run_id:
+        tag_run(client, outcome.run_id, record, plan)
+    return record
+
+
+def score_run(plan: TunePlan, client: MlflowClient, run_id: str) -> float:
+    """The objective of a finished trial from its run: the final evaluation, or the curve
+    of ``trial/eval_train_s`` and ``eval/mean_reward``."""
+    run = client.get_run(run_id)
+    final = run.data.metrics.get("summary/eval_mean_reward")
+    curve = []
+    if plan.objective.timed:
+        def history(key: str) -> dict[int, float]:
+            return {m.step: m.value for m in client.get_metric_history(run_id, key)}
+        curve = curve_from_metrics(history("trial/eval_train_s"), history("eval/mean_reward"))
+    return plan.objective.score(curve, final)
+
+
+def tag_run(client: MlflowClient, run_id: str, record: TrialRecord, plan: TunePlan) -> None:
+    """The trial's end on its run: ``tune.state``, the value, where it was pruned."""
+    with contextlib.suppress(Exception):  # a run deleted meanwhile: the study still knows
+        client.set_tag(run_id, "tune.state", record.state)
+        for key, value in record.values.items():
+            client.set_tag(run_id, f"tune.param.{key}", format_value(value))
+        if record.value is not None and math.isfinite(record.value):
+            client.set_tag(run_id, "tune.value", f"{record.value:.6g}")
+            client.log_metric(run_id, "tune/objective", float(record.value))
+        if record.pruned_at is not None:
+            at = record.pruned_at
+            client.set_tag(run_id, "tune.pruned_at", f"report {at.get('report')} "
+                           f"({at.get('train_s')} s, {at.get('steps')} steps)")
+            note = client.get_run(run_id).data.tags.get("mlflow.note.content", "")
+            client.set_tag(run_id, "mlflow.note.content", truncate(
+                f"{note} PRUNED by the {plan.settings.pruner} pruner at report "
+                f"{at.get('report')} (value {at.get('value'):.4g}): training stopped early, "
+                "the run itself finished normally.", MAX_TAG_VALUE_LENGTH))
+
+
+# --------------------------------------------------------------------------- the end
+
+
+def best_trial(study: Any) -> dict[str, Any] | None:
+    """The study's best COMPLETE trial (of every worker), as plain values."""
+    try:
+        best = study.best_trial
+    except ValueError:  # no completed trial yet
+        return None
+    return {"number": best.number, "value": best.value, "params": dict(best.params),
+            "run_id": best.user_attrs.get(RUN_ID),
+            "adjusted": best.user_attrs.get("workbench.adjusted", {})}
+
+
+def write_best(plan: TunePlan, best: dict[str, Any]) -> Path:
+    """``experiment=tuned/<study>`` from the best trial's values."""
+    values = {**best["params"], **best["adjusted"]}
+    cfg = trial_config(plan, values)
+    text = best_config_text(plan.study, plan.objective, best["number"], best["value"],
+                            best["run_id"], cfg, best["params"])
+    return write_best_config(plan.study, text)
+
+
+def finish_parent(client: MlflowClient, parent_id: str, study: Any,
+                  records: Sequence[TrialRecord], wall_s: float, status: str | None,
+                  best: dict[str, Any] | None) -> str:
+    """Close the parent run unless other workers' trials still run (the last one closes it):
+    FINISHED, FAILED when a trial of this invocation failed, KILLED on Ctrl-C."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    states = [t.state for t in trials]
+    metrics = {"tune/trials_complete": states.count(TrialState.COMPLETE),
+               "tune/trials_pruned": states.count(TrialState.PRUNED),
+               "tune/trials_failed": states.count(TrialState.FAIL),
+               "tune/wall_time_s": wall_s}
+    if best is not None:
+        metrics["tune/best_value"] = best["value"]
+        client.set_tag(parent_id, "tune.best_trial", str(best["number"]))
+        if best["run_id"]:
+            client.set_tag(parent_id, "tune.best_run_id", best["run_id"])
+    for key, value in metrics.items():
+        client.log_metric(parent_id, key, float(value))
+    client.log_dict(parent_id, {"trials": [trial_row(t) for t in trials]}, "study_results.json")
+    failed = [r for r in records if r.state == FAIL and r.run_status != KILLED]
+    status = status or (FAILED if failed else FINISHED)
+    if status == FAILED:
+        client.set_tag(parent_id, "error", truncate(
+            f"{len(failed)} trial(s) failed: " + ", ".join(str(r.number) for r in failed),
+            MAX_TAG_VALUE_LENGTH))
+    if status != KILLED and TrialState.RUNNING in states:
+        return "RUNNING"  # another worker's trials: it closes the parent
+    client.set_terminated(parent_id, status)
+    return status
+
+
+def trial_row(trial: Any) -> dict[str, Any]:
+    """One trial for ``study_results.json``."""
+    return {"number": trial.number, "state": trial.state.name, "value": trial.value,
+            "params": trial.params, "run_id": trial.user_attrs.get(RUN_ID),
+            "pruned": trial.user_attrs.get(PRUNED_AT)}
+
+
+@contextlib.contextmanager
+def progress_bar(plan: TunePlan) -> Any:
+    """A tqdm bar over this invocation's trials; one line per settled trial."""
+    from tqdm import tqdm
+
+    bar = tqdm(desc=f"study {plan.study}", unit="trial", dynamic_ncols=True, file=sys.stderr)
+
+    def report(record: TrialRecord) -> None:
+        bar.update(1)
+        bar.write(f"{record.state:<8} trial {record.number}  {record_figures(record, plan)}"
+                  + (f"  error: {record.error}" if record.error else ""), file=sys.stderr)
+
+    try:
+        yield report
+    finally:
+        bar.close()
+
+
+def record_figures(record: TrialRecord, plan: TunePlan) -> str:
+    """``value 123.4 return | wall 31 s | lr=...``."""
+    parts = []
+    if record.value is not None and math.isfinite(record.value):
+        unit = UNITS[plan.objective.name] if record.state == COMPLETE else "(last report)"
+        parts.append(f"value {record.value:.4g} {unit}")
+    if record.wall_s is not None:
+        parts.append(f"wall {record.wall_s:.0f} s")
+    parts.append(", ".join(f"{k}={format_value(v)}" for k, v in record.values.items()))
+    return " | ".join(parts)
+
+
+def print_plan(plan: TunePlan, backend: TrialBackend, parent_id: str, done: int) -> None:
+    """What the study is about to do, printed once."""
+    t = plan.settings
+    rows = {
+        "study": f"{plan.study}  (parent run {parent_id})",
+        "objective": f"{plan.objective.describe()}, {plan.objective.direction}",
+        "search": f"{plan.space.name}: {plan.space.describe()}",
+        "trials": f"{plan.n_trials} in total, {done} done earlier, "
+                  f"{max(0, plan.n_trials - done)} to run",
+        "sampler": f"{t.sampler}" + (f" (seed {t.seed})" if t.seed is not None else ""),
+        "pruner": f"{t.pruner}" + (f" (after {t.startup_trials} trials, warm-up "
+                                   f"{t.warmup_steps} reports)" if str(t.pruner) == "median"
+                                   else ""),
+        "budget": f"{plan.base.total_timesteps} steps per trial"
+                  + (f", {plan.objective.budget_s:g} training s" if plan.objective.budget_s
+                     else "") + f", evaluation every {plan.objective.eval_every_steps} steps",
+        "executor": backend.describe(),
+        "overrides": " ".join(plan.point_overrides),
+        "tracking": f"{redact_uri(plan.tracking_uri)}  experiment {plan.experiment!r}",
+        "storage": redact_uri(plan.storage),
+        "notebooks": str(plan.out_dir),
+    }
+    width = max(len(k) for k in rows)
+    print("-" * 72)
+    for key, value in rows.items():
+        print(f"{key:<{width}} : {value}")
+    if str(t.executor) == "ray" and (is_embedded(plan.tracking_uri)
+                                     or plan.storage.startswith("sqlite")):
+        print("warning: a Ray study across machines needs a tracking server and a database "
+              "server for the study (tune.storage=postgresql+psycopg2://...); SQLite files only "
+              "work on one machine")
+    print("-" * 72, flush=True)
+
+
+def results_table(records: Sequence[TrialRecord]) -> str:
+    """trial, state, value, wall time, sampled values."""
+    header = ("trial", "state", "value", "wall time", "sampled")
+    rows = [header] + [(
+        str(r.number), r.state,
+        "-" if r.value is None or not math.isfinite(r.value) else f"{r.value:.4g}",
+        "-" if r.wall_s is None else f"{r.wall_s:.0f} s",
+        ", ".join(f"{k}={format_value(v)}" for k, v in r.values.items()),
+    ) for r in sorted(records, key=lambda r: r.number)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+             for row in rows]
+    lines.insert(1, "-" * max(len(line) for line in lines))
+    return "\n".join(lines)
+
+
+def print_results(result: TuneResult, plan: TunePlan) -> None:
+    """The table of this invocation's trials, the best trial, where to look."""
+    print(f"\nStudy {result.study}: {result.status} in {result.wall_s:.0f} s "
+          f"({len(result.records)} trial(s) now, {result.trials_in_study} in the study)")
+    print("=" * 72)
+    print(results_table(result.records))
+    print("=" * 72)
+    if result.best:
+        b = result.best
+        print(f"best trial {b['number']}: {b['value']:.4g} {UNITS[plan.objective.name]} "
+              f"(run {b['run_id']}) " + ", ".join(f"{k}={format_value(v)}"
+                                                   for k, v in b["params"].items()))
+    if result.best_config:
+        print(f"best config        : {result.best_config}  ->  workbench train "
+              f"experiment=tuned/{result.study}")
+    print(f"executed notebooks : {plan.out_dir}/trial-<n>.ipynb")
+    print(f"report             : workbench report --study {result.study}")
+    print(f"dashboard          : optuna-dashboard {redact_uri(plan.storage)}")
+    print(f"MLflow             : parent run {result.parent_run_id} in experiment "
+          f"{plan.experiment!r} ({redact_uri(plan.tracking_uri)})", flush=True)
+
+
+def result_record(result: TuneResult) -> dict[str, Any]:
+    """The result as plain values (benchmarks read it)."""
+    return {"study": result.study, "status": result.status, "best": result.best,
+            "records": [asdict(r) for r in result.records]}

@@ -1,0 +1,414 @@
+"""``workbench tune``: search spaces, objectives and plans (unit), the trial callback in a real
+tiny training, bad input through the CLI, then real studies (slow tier): papermill trials on
+InvertedPendulum, pruning, resume, two workers on one study, Ctrl-C, the report."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from workbench.config import ConfigError
+from workbench.training import load_config, train
+from workbench.training.callbacks import CONTINUE, PRUNE, TrialCallback
+from workbench.tuning.objectives import Evaluation, Objective, area
+from workbench.tuning.plan import plan_tune
+from workbench.tuning.space import parse_space
+from workbench.tuning.storage import counts, storage_url
+
+from .conftest import ROOT, run_cli
+
+# InvertedPendulum with debug=tiny: 50-step episodes (a return of at most 50), 384 steps,
+# an evaluation every 128 steps; search=tiny fits that budget.
+TINY_STUDY = ["env=inverted_pendulum", "debug=tiny", "search=tiny",
+              "tracking.system_metrics=false"]
+CORES_2 = {"WORKBENCH_CPU_BUDGET": "2"}
+
+
+def curve(*points: tuple[float, float]) -> list[Evaluation]:
+    return [Evaluation(t, int(t * 100), r) for t, r in points]
+
+
+# --------------------------------------------------------------------------- unit
+
+
+@pytest.mark.unit
+def test_the_ppo_space_parses_with_types_from_the_config_keys() -> None:
+    space = plan_tune(["env=hopper"]).space
+    assert space.names == ["learning_rate", "n_steps", "num_envs", "batch_size", "n_epochs",
+                           "gamma", "gae_lambda", "ent_coef", "net_width"]
+    assert (space["learning_rate"].kind, space["learning_rate"].log) == ("float", True)
+    assert space["n_epochs"].kind == "int"
+    assert space["n_steps"].choices == (64, 128, 256, 512)
+    assert space.overrides({"net_width": 128, "gamma": 0.99}) == [
+        "algo.gamma=0.99", "algo.policy.pi=[128,128]", "algo.policy.vf=[128,128]"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("params", "message"), [
+    ({"lr": {"low": 1e-5, "high": 1e-3}},
+     "search.params.lr: unknown search key; valid keys: learning_rate,"),
+    ({"learning_rate": {"low": 1e-3, "high": 1e-5}},
+     "search.params.learning_rate: empty range [0.001, 1e-05] (low > high)"),
+    ({"n_steps": {"choices": []}}, "search.params.n_steps.choices=[]: empty"),
+    ({"learning_rate": {"low": 0.0, "high": 1e-3, "log": True}},
+     "search.params.learning_rate.low=0: a log range needs low > 0"),
+    ({"n_epochs": {"low": 1.5, "high": 4}}, "search.params.n_epochs: algo.n_epochs is an integer"),
+    ({"gamma": {"low": 0.9, "high": 1.5}}, "search.params.gamma: 1.5 is outside algo.gamma's"),
+    ({"gamma": {"lo": 0.9}}, "search.params.gamma.lo: unknown field; valid fields: low, high"),
+    ({"activation": {"low": 1, "high": 2}}, "search.params.activation: algo.policy.activation"),
+    ({}, "search.params is empty"),
+])
+def test_bad_search_spaces_are_one_line(params: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_space("mine", params)
+    assert str(info.value).startswith(message), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.unit
+def test_a_dotted_config_key_is_a_search_key() -> None:
+    space = parse_space("mine", {"env.max_episode_steps": {"choices": [50, 2]}})
+    assert space.overrides({"env.max_episode_steps": 2}) == ["env.max_episode_steps=2"]
+
+
+@pytest.mark.unit
+def test_time_to_target_scores_the_budget_when_never_reached() -> None:
+    objective = Objective("time_to_target", target=100.0, budget_s=60.0, report_every_s=10.0)
+    assert objective.direction == "minimize"
+    assert objective.score(curve((5, 20), (15, 120), (25, 90)), None) == 15
+    assert objective.score(curve((5, 20), (15, 60)), None) == 60.0  # the budget
+    assert objective.settled(curve((15, 120))) and not objective.settled(curve((15, 99)))
+    # Reports every 10 training seconds: the shortfall of the latest evaluation by then.
+    assert objective.reports(curve((5, 20), (15, 60)), now_s=21, done=0) == [(1, 80), (2, 40)]
+    assert objective.reports(curve((5, 20), (15, 60)), now_s=21, done=1) == [(2, 40)]
+    assert objective.reports(curve((15, 60)), now_s=12, done=0) == []  # nothing known at 10 s
+
+
+@pytest.mark.unit
+def test_area_under_the_return_vs_time_curve() -> None:
+    # 10 until 20 s (the first evaluation's return also before it), 30 until the budget
+    points = curve((10, 10), (20, 30))
+    assert area(points, 40) == 10 * 20 + 30 * 20
+    objective = Objective("auc", budget_s=40.0, report_every_s=20.0)
+    assert objective.score(points, None) == pytest.approx(20.0)
+    assert objective.reports(points, now_s=25, done=0) == [(1, pytest.approx(200 / 40))]
+    assert math.isnan(objective.score([], None))
+
+
+@pytest.mark.unit
+def test_final_return_reports_each_scheduled_evaluation() -> None:
+    objective = Objective("final_return", eval_every_steps=100)
+    points = [Evaluation(1, 128, 5.0), Evaluation(2, 256, 7.0)]
+    assert objective.reports(points, now_s=2, done=0) == [(1, 5.0), (2, 7.0)]
+    assert objective.score(points, 9.0) == 9.0
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["tune.objective=time_to_target", "tune.target=100", "tune.budget_s=10"],
+     "tune.target=100: InvertedPendulum-v5 cannot return more than 50 per episode by "
+     "definition (at most 1 per step x 50 steps); choose a target <= 50"),
+    (["tune.objective=speed"], "tune.objective"),
+    (["tune.objective=time_to_target", "tune.budget_s=10"],
+     "tune.objective=time_to_target needs tune.target=RETURN"),
+    (["tune.objective=auc"], "tune.objective=auc needs tune.budget_s=SECONDS"),
+    (["algo.n_epochs=3"], "'algo.n_epochs=3' on the command line: algo.n_epochs is sampled "
+                          "per trial by search.params.n_epochs"),
+    (["tune.sampler=grid"], "tune.sampler=grid: search.params.learning_rate is a range"),
+    (["eval.every_steps=64"], "'eval.every_steps=64' on the command line: eval.every_steps is "
+                              "set per trial by the study; use tune.eval_every_steps instead"),
+])
+def test_bad_tuning_requests_are_refused_in_the_plan(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        plan_tune([*TINY_STUDY, *overrides])
+    assert str(info.value).startswith(message), str(info.value)
+
+
+@pytest.mark.unit
+def test_plan_names_the_study_from_what_it_searches(store: Path) -> None:
+    plan = plan_tune(TINY_STUDY)
+    assert plan.study.startswith("inverted_pendulum-final-return-")
+    assert plan.study == plan_tune([*TINY_STUDY, "tune.workers=2"]).study  # not part of it
+    assert plan.study != plan_tune([*TINY_STUDY, "algo.ent_coef=0.01"]).study
+    assert plan_tune([*TINY_STUDY, "tune.study=mine"], n_trials=4).n_trials == 4
+    assert plan.point_overrides[0] == "eval.every_steps=128"  # debug=tiny's tune.eval_every
+    assert plan.storage == f"sqlite:///{store / 'optuna.db'}"  # beside the MLflow store
+
+
+@pytest.mark.unit
+def test_a_server_store_without_a_team_server_here_needs_tune_storage(store: Path) -> None:
+    with pytest.raises(ConfigError, match="no team server runs on this machine: give"):
+        storage_url(None, "http://10.0.0.5:5050")
+    assert storage_url("postgresql://u@h/optuna", "http://h:5050") == "postgresql://u@h/optuna"
+
+
+# --------------------------------------------------------------------------- callback
+
+
+class ScriptedReporter:
+    """A reporter that prunes at its second evaluation (the interface training talks to)."""
+
+    budget_s = None
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, int, float | None]] = []
+
+    def progress(self, train_s: float, steps: int, mean_return: float | None) -> str:
+        self.calls.append((train_s, steps, mean_return))
+        evaluations = [c for c in self.calls if c[2] is not None]
+        return PRUNE if len(evaluations) >= 2 else CONTINUE
+
+
+def test_trial_callback_stops_a_pruned_training_and_records_its_clock(store: Path) -> None:
+    cfg = load_config(["env=inverted_pendulum", "debug=tiny", "total_timesteps=1280",
+                       "tracking.system_metrics=false"])
+    reporter = ScriptedReporter()
+    callback = TrialCallback(reporter)
+    result = train(cfg, callbacks=[callback])
+    assert callback.pruned
+    assert result.status == "FINISHED"  # stopped early, not a crash
+    assert result.num_timesteps < 1280
+    evaluated = [c for c in reporter.calls if c[2] is not None]
+    assert [c[1] for c in evaluated] == [128, 256]
+    clocks = [c[0] for c in reporter.calls]
+    assert clocks == sorted(clocks) and clocks[0] > 0
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    history = client.get_metric_history(result.run_id, "trial/eval_train_s")
+    assert [m.step for m in history] == [128, 256]
+    assert [m.value for m in history] == pytest.approx([c[0] for c in evaluated])
+
+
+# --------------------------------------------------------------------------- CLI bad input
+
+
+# Two cases through a real process (each starts Python, MLflow and MuJoCo); the plan tests
+# above cover every message.
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["+search.params.lr={low:1e-5,high:1e-3}"], "search.params.lr: unknown search key"),
+    (["tune.objective=time_to_target", "tune.target=2000", "tune.budget_s=5"],
+     "tune.target=2000: InvertedPendulum-v5 cannot return more than 50"),
+])
+def test_cli_bad_input_exits_2_with_one_line_and_creates_nothing(
+        store: Path, overrides: list[str], message: str) -> None:
+    proc = run_cli("tune", *TINY_STUDY, *overrides)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"workbench: error: {message}"), line
+    assert not store.exists()
+
+
+# --------------------------------------------------------------------------- real studies
+
+
+def study_trials(store: Path, study: str) -> list:
+    import optuna
+
+    return optuna.load_study(study_name=study, storage=f"sqlite:///{store / 'optuna.db'}").trials
+
+
+def tune_runs(role: str) -> list:
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("workbench")
+    return client.search_runs([experiment.experiment_id], f"tags.`tune.role` = '{role}'")
+
+
+@pytest.mark.slow
+def test_six_trial_study_prunes_resumes_and_writes_a_best_config(store: Path,
+                                                                 tmp_path: Path) -> None:
+    # Built to prune: episode length is searched too, and the first trials are enqueued
+    # (Optuna's enqueue_trial, into the study the command then joins): 50 steps, then 2 steps,
+    # whose return (at most 2) is below the median of the completed 50-step trial at every
+    # report, so the median pruner stops it (one completed trial before pruning).
+    import optuna
+
+    store.mkdir(parents=True)
+    study = optuna.create_study(study_name="pendulum", direction="maximize",
+                                storage=f"sqlite:///{store / 'optuna.db'}")
+    for steps in (50, 2, 50, 2):
+        study.enqueue_trial({"env.max_episode_steps": steps})
+    args = ["tune", "--n-trials", "6", *TINY_STUDY, "tune.study=pendulum", "tune.seed=3",
+            "tune.startup_trials=1", "tune.workers=1",
+            "+search.params={env.max_episode_steps:{choices:[50,2]}}"]
+    proc = run_cli(*args, env=CORES_2, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    trials = study_trials(store, "pendulum")
+    states = [t.state.name for t in trials]
+    assert len(trials) == 6 and "FAIL" not in states, states
+    assert states[:2] == ["COMPLETE", "PRUNED"], states
+    (parent,) = tune_runs("study")
+    children = tune_runs("trial")
+    assert parent.info.status == "FINISHED"
+    assert sorted(int(r.data.tags["tune.trial"]) for r in children) == list(range(6))
+    for run in children:
+        trial = trials[int(run.data.tags["tune.trial"])]
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["tune.state"] == trial.state.name
+        assert run.data.tags["tune.param.learning_rate"]
+        assert run.data.tags["mlflow.note.content"].startswith(
+            f"Trial {trial.number} of study pendulum: sampled learning_rate=")
+        assert trial.user_attrs["mlflow_run_id"] == run.info.run_id
+        assert trials[1].params["env.max_episode_steps"] == 2  # the enqueued short episodes
+        if trial.state.name == "PRUNED":
+            assert run.data.tags["tune.pruned_at"].startswith("report ")
+            assert "PRUNED by the median pruner" in run.data.tags["mlflow.note.content"]
+    notebooks = sorted(p.name for p in (store / "tuning" / "pendulum").glob("*.ipynb"))
+    assert notebooks == [f"trial-{n:03d}.ipynb" for n in range(6)]
+
+    best = store / "conf" / "experiment" / "tuned" / "pendulum.yaml"
+    text = best.read_text()
+    assert "# Best trial of study pendulum" in text and "objective final_return" in text
+    best_trial = max((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+    composed = run_cli("train", "--cfg", "job", "experiment=tuned/pendulum")
+    assert composed.returncode == 0, composed.stderr
+    cfg = yaml.safe_load(composed.stdout)
+    assert cfg["experiment_name"] == "tuned/pendulum"
+    assert cfg["env"]["id"] == "InvertedPendulum-v5"
+    assert cfg["env"]["num_envs"] == best_trial.params["num_envs"]
+    assert cfg["algo"]["learning_rate"] == pytest.approx(best_trial.params["learning_rate"])
+    assert cfg["algo"]["n_epochs"] == best_trial.params["n_epochs"]
+
+    again = run_cli(*args, env=CORES_2, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "6 in total, 6 done earlier, 0 to run" in again.stdout
+    assert len(study_trials(store, "pendulum")) == 6  # no duplicate trials
+    assert len(tune_runs("trial")) == 6 and len(tune_runs("study")) == 1
+
+    reports = tmp_path / "reports"
+    shown = run_cli("report", "--study", "pendulum", env={"WORKBENCH_REPORTS": str(reports)})
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    folder = reports / "study-pendulum"
+    for name in ("study-history.png", "study-importances.png", "study-parallel.png",
+                 "study-slice.png"):
+        assert (folder / name).stat().st_size > 1000, name
+    markdown = (folder / "report.md").read_text()
+    assert "## Study pendulum" in markdown
+    assert f"/runs/{best_trial.user_attrs['mlflow_run_id']})" in markdown  # linked top trial
+
+
+@pytest.mark.slow
+def test_two_tune_workers_share_one_study(store: Path) -> None:
+    args = [sys.executable, "-m", "workbench", "tune", "--n-trials", "4", *TINY_STUDY,
+            "tune.study=shared"]
+    env = {**os.environ, "WORKBENCH_CPU_BUDGET": "1"}
+    workers = [subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [w.communicate(timeout=1800) for w in workers]
+    for worker, (out, err) in zip(workers, outputs, strict=True):
+        assert worker.returncode == 0, out[-2000:] + err[-2000:]
+    trials = study_trials(store, "shared")
+    assert [t.number for t in trials] == [0, 1, 2, 3]  # the total, never overshot
+    assert all(t.state.name == "COMPLETE" for t in trials)
+    children = tune_runs("trial")
+    assert sorted(r.data.tags["tune.trial"] for r in children) == ["0", "1", "2", "3"]
+    assert {t.user_attrs["mlflow_run_id"] for t in trials} == {r.info.run_id for r in children}
+    (parent,) = tune_runs("study")  # both workers nest under one parent
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
+    assert parent.info.status == "FINISHED"
+    ran = [out.count("COMPLETE trial") + err.count("COMPLETE trial") for out, err in outputs]
+    assert sum(ran) == 4 and min(ran) >= 1, ran  # both took part
+
+
+@pytest.mark.slow
+def test_ctrl_c_kills_the_trial_and_the_parent_and_the_trial_does_not_count(
+        store: Path) -> None:
+    args = [sys.executable, "-m", "workbench", "tune", "--n-trials", "2", *TINY_STUDY,
+            "tune.study=stopped", "total_timesteps=10000000"]
+    # SIGINT at its default in the child: a test run started as a background job inherits
+    # SIGINT ignored (POSIX), and Ctrl-C is what this test sends.
+    proc = subprocess.Popen(args, cwd=ROOT, env={**os.environ, **CORES_2},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not any(
+                r.info.status == "RUNNING" for r in safe_runs("trial")):
+            time.sleep(1)
+        time.sleep(3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    (run,) = tune_runs("trial")
+    (parent,) = tune_runs("study")
+    assert (run.info.status, parent.info.status) == ("KILLED", "KILLED")
+    (trial,) = study_trials(store, "stopped")
+    assert trial.state.name == "FAIL" and not counts(trial)  # a resume replaces it
+
+
+def safe_runs(role: str) -> list:
+    try:
+        return tune_runs(role)
+    except Exception:  # the store or experiment does not exist yet
+        return []
+
+
+@pytest.mark.slow
+def test_team_mode_keeps_the_study_in_the_servers_postgresql(team_server) -> None:  # noqa: ANN001
+    """On the server's machine a study of a server-tracked tune lives in the team
+    PostgreSQL's ``optuna`` database (a real server: tests/teamserver.py)."""
+    from tests.teamserver import ALICE, logged_in
+    from tests.test_server import psql
+
+    done = team_server.cli(
+        "tune", "--n-trials", "2", *TINY_STUDY, "tune.study=team", "tracking=server",
+        f"tracking.uri={team_server.url}", "tracking.experiment=team-tune", timeout=1800,
+        extra_env={"WORKBENCH_EXPERIMENTS": str(team_server.root), **CORES_2})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "storage   : postgresql+psycopg2://workbench@/optuna?host=" in done.stdout
+    assert psql(team_server, "optuna", "SELECT study_name FROM studies") == ["team"]
+    assert psql(team_server, "optuna", "SELECT state FROM trials") == ["COMPLETE"] * 2
+    with logged_in(ALICE, team_server.alice_password):
+        client = MlflowClient(team_server.url)
+        experiment = client.get_experiment_by_name("team-tune")
+        children = client.search_runs([experiment.experiment_id], "tags.`tune.role` = 'trial'")
+        (parent,) = client.search_runs([experiment.experiment_id],
+                                       "tags.`tune.role` = 'study'")
+    assert sorted(r.data.tags["tune.trial"] for r in children) == ["0", "1"]
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
+    for secret in (team_server.alice_password, team_server.admin_password):
+        assert secret not in done.stdout + done.stderr
+
+
+
+@pytest.mark.slow
+def test_a_crashing_trial_fails_alone_and_counts(store: Path) -> None:
+    # A dotted search key is taken as it is (no batch-size adjustment): 4096 is larger than
+    # any tiny rollout, so that enqueued trial's notebook stops at composition; the other trains.
+    import optuna
+
+    store.mkdir(parents=True)
+    study = optuna.create_study(study_name="crash", direction="maximize",
+                                storage=f"sqlite:///{store / 'optuna.db'}")
+    for size in (64, 4096):
+        study.enqueue_trial({"algo.batch_size": size})
+    args = ["tune", "--n-trials", "2", *TINY_STUDY, "tune.study=crash",
+            "+search.params={algo.batch_size:{choices:[64,4096]}}"]
+    proc = run_cli(*args, env=CORES_2, timeout=1200)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("workbench: 1 of 2 trials failed: ")
+    assert "ConfigError: algo.batch_size=4096 is larger than one rollout" in last
+    trials = study_trials(store, "crash")
+    by_size = {t.params["algo.batch_size"]: t for t in trials}
+    assert by_size[64].state.name == "COMPLETE"
+    assert by_size[4096].state.name == "FAIL" and counts(by_size[4096])
+    runs = {r.data.tags["tune.trial"]: r for r in tune_runs("trial")}
+    failed = runs[str(by_size[4096].number)]
+    assert failed.info.status == "FAILED"
+    assert failed.data.tags["error"].startswith("ConfigError: algo.batch_size=4096")
+    (parent,) = tune_runs("study")
+    assert parent.info.status == "FAILED"
+    again = run_cli(*args, env=CORES_2, timeout=600)  # the failure counts: nothing left to run
+    assert "2 in total, 2 done earlier, 0 to run" in again.stdout
+    assert len(study_trials(store, "crash")) == 2
