@@ -8,7 +8,9 @@ the rows about checkpoints, resume and the experiments directory.
 
 from __future__ import annotations
 
+import argparse
 import re
+import shlex
 import socket
 import time
 from collections.abc import Callable
@@ -18,7 +20,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 from workbench import cli
 from workbench.config import ConfigError
+from workbench.sweeps.plan import plan_sweep
 from workbench.training import load_config, train
+from workbench.tuning.plan import plan_tune
 
 from .conftest import TINY, run_cli
 from .trained_run import FinishedRun, finished_run  # noqa: F401
@@ -47,6 +51,24 @@ def assert_rejected(argv: list[str], expected: str, capsys: pytest.CaptureFixtur
 
 
 @pytest.mark.unit
+def help_example(command: str) -> list[str]:
+    """The overrides a command's ``--help`` shows as its example."""
+    parser, _ = cli.build_parser([command])
+    sub = next(a for a in parser._subparsers._group_actions  # noqa: SLF001 (argparse's API)
+               if isinstance(a, argparse._SubParsersAction)).choices[command]  # noqa: SLF001
+    (action,) = [a for a in sub._actions if a.dest == "overrides"]  # noqa: SLF001
+    return shlex.split(action.help.split("e.g. ", 1)[1])
+
+
+@pytest.mark.unit
+def test_every_help_example_is_valid_input() -> None:
+    """A user copies the example from ``--help`` first: it must pass the checks."""
+    load_config(help_example("train"))
+    sweep = plan_sweep(help_example("sweep"))
+    assert sweep.points and not sweep.invalid
+    assert plan_tune(help_example("tune")).n_trials > 0
+
+
 def test_resume_unknown_id_without_a_store(store: Path, capsys: pytest.CaptureFixture[str]
                                            ) -> None:
     assert_rejected(["train", f"resume={UNKNOWN_ID}"],

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -211,16 +212,31 @@ def test_reap_spares_runs_with_a_recent_heartbeat(store: Path) -> None:
 # --------------------------------------------------------------------------- JupyterLab
 
 
+def iopub_of(kc: Any, msg_id: str, timeout: float = 60) -> list[dict[str, Any]]:
+    """The kernel's output messages for one execution, up to its "idle" status."""
+    found = []
+    while True:
+        msg = kc.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return found
+        found.append(msg)
+
+
 @pytest.mark.slow
 def test_kernel_interrupt_kills_the_run_and_keeps_the_kernel(store: Path) -> None:
     from jupyter_client.manager import start_new_kernel
 
     km, kc = start_new_kernel(kernel_name="python3", cwd=str(ROOT), env={**os.environ})
     try:
-        code = (
+        code = (  # what notebooks/train.ipynb does
+            "from workbench import notebook\n"
             "from workbench.training import load_config\n"
             "from workbench.training.trainer import train\n"
-            f"train(load_config({[*BASE, 'total_timesteps=100000', 'env.vec_env=subproc']!r}))"
+            "notebook.short_errors()\n"
+            f"train(load_config({[*BASE, 'total_timesteps=100000', 'env.vec_env=subproc']!r}),"
+            " run_info={'notebook': 'notebooks/train.ipynb'})"
         )
         msg_id = kc.execute(code)
         client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
@@ -242,6 +258,16 @@ def test_kernel_interrupt_kills_the_run_and_keeps_the_kernel(store: Path) -> Non
             reply = kc.get_shell_msg(timeout=120)
         assert reply["content"]["status"] == "error"
         assert reply["content"]["ename"] == "TrainingInterrupted"
+        shown = iopub_of(kc, msg_id)
+        # One line where the traceback was, after the line saying how to resume, in the
+        # notebook's own terms.
+        (error,) = [m["content"] for m in shown if m["msg_type"] == "error"]
+        assert len(error["traceback"]) == 1
+        assert error["traceback"][0].startswith("TrainingInterrupted: SIGINT received at step ")
+        stderr = "".join(m["content"]["text"] for m in shown
+                         if m["msg_type"] == "stream" and m["content"]["name"] == "stderr")
+        assert (f'resume with: overrides = ["resume={run.info.run_id}"] in the notebook\'s '
+                "parameters") in stderr
         run = client.get_run(run.info.run_id)
         assert run.info.status == "KILLED"
         assert run.data.tags["error"].startswith("interrupted: SIGINT received at step ")

@@ -19,6 +19,7 @@ from papermill.iorw import load_notebook_node
 from papermill.parameterize import parameterize_notebook
 from workbench import notebook
 from workbench.notebook import CurveHistory, ParameterError, check_parameters
+from workbench.training.trainer import TrainResult
 
 from .conftest import ROOT, TINY
 
@@ -82,6 +83,24 @@ def test_papermill_infers_the_parameters_with_types() -> None:
     inferred = papermill.inspect_notebook(str(NOTEBOOK))
     assert {k: v["inferred_type_name"] for k, v in inferred.items()} == {
         name: t.__name__ for name, t in notebook.PARAMETERS.items()}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["train.ipynb", "compare.ipynb", "export.ipynb"])
+def test_papermill_sees_every_parameter_of_every_notebook(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """papermill skips (with a warning on every run, and leaves out of --help-notebook) a
+    parameter line that holds more than one ``=``, e.g. in its comment."""
+    path = ROOT / "notebooks" / name
+    cell = next(c for c in nbformat.read(path, as_version=4).cells
+                if "parameters" in c.metadata.get("tags", []))
+    assigned = [ast.unparse(node.targets[0] if isinstance(node, ast.Assign) else node.target)
+                for node in ast.parse(cell.source).body]
+    with caplog.at_level("WARNING", logger="papermill"):
+        inferred = papermill.inspect_notebook(str(path))
+    assert list(inferred) == assigned
+    assert "Unable to parse" not in caplog.text
 
 
 # --------------------------------------------------------------------------- checks (unit)
@@ -160,6 +179,20 @@ def test_missing_parameter_fails() -> None:
     namespace = {k: v for k, v in DEFAULTS.items() if k != "seed"}
     with pytest.raises(ParameterError, match="^notebook parameter 'seed' is missing"):
         check_parameters(namespace, history())
+
+
+@pytest.mark.unit
+def test_the_live_eval_line_ends_at_the_final_evaluation() -> None:
+    """train()'s final evaluation runs after model.learn, outside SB3's logger: the live
+    figure adds it as the eval line's last point, as the summary reports it."""
+    curves = notebook.LiveCurves()
+    curves.history.write({"eval/mean_reward": 11.0}, {}, step=256)  # a periodic evaluation
+    result = TrainResult(run_id="r", run_name="n", experiment_id="1", tracking_uri="sqlite://",
+                         status="FINISHED", num_timesteps=640, eval_mean_reward=47.4,
+                         eval_std_reward=1.0, fps=1.0, wall_time_s=1.0, peak_rss_mb=1.0,
+                         artifact_uri="file:///a")
+    curves.final_evaluation(result)
+    assert curves.history.points[notebook.EVAL_KEY] == [(256, 11.0), (640, 47.4)]
 
 
 @pytest.mark.unit

@@ -3,8 +3,10 @@ a temporary SQLite MLflow store, parallel points, resume, and failure isolation.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import signal
 import sqlite3
 import sys
 import time
@@ -184,6 +186,17 @@ def test_two_by_two_sweep_with_two_workers_then_resume(store: Path) -> None:
         run.info.run_id, "manifest.json", str(store.parent))).read_text())
     assert manifest["run"]["notebook"] == str(out_dir / "halfcheetah-ne2-ns64-s0.ipynb")
     assert manifest["run"]["papermill_parameters"]["point"] == "halfcheetah-ne2-ns64-s0"
+    # Reviewers on another machine open the executed notebook and the kernel's log from the
+    # run itself; MLflow's "Source" and "Created by" columns say what ran and who ran it.
+    attached = {a.path for a in client.list_artifacts(run.info.run_id, "point")}
+    assert attached == {"point/halfcheetah-ne2-ns64-s0.ipynb", "point/halfcheetah-ne2-ns64-s0.log"}
+    assert run.data.tags["mlflow.source.name"] == str(out_dir / "halfcheetah-ne2-ns64-s0.ipynb")
+    assert run.data.tags["mlflow.source.type"] == "NOTEBOOK"
+    assert run.data.tags["mlflow.user"] == getpass.getuser()
+    assert parent.data.tags["mlflow.source.name"].startswith("workbench sweep ")
+    assert parent.data.tags["mlflow.note.content"].startswith("Sweep ")
+    assert ("on halfcheetah: num_envs [1, 2] x n_steps [64, 128] x seeds [0] = 4 points"
+            in parent.data.tags["mlflow.note.content"])
     for path in [*out_dir.glob("*.ipynb"), *out_dir.glob("*.log")]:
         assert "database is locked" not in path.read_text(), path
     with sqlite3.connect(store / "mlflow.db") as db:
@@ -341,3 +354,30 @@ def running_child() -> bool:
         return any(r.info.status == "RUNNING" for r in runs_of("child"))
     except Exception:  # the store or experiment does not exist yet
         return False
+
+
+@pytest.mark.slow
+def test_a_background_sweep_stops_on_sigint(store: Path) -> None:
+    """A shell starts `workbench sweep ... &` with SIGINT ignored (POSIX job control); the
+    sweep still stops on SIGINT: its point and parent KILLED, no kernel left."""
+    args = ["sweep", "sweep.num_envs=[1]", "sweep.n_steps=[64]", *POINT_TINY,
+            "total_timesteps=10000000"]
+    proc = psutil.Popen([sys.executable, "-m", "workbench", *args], cwd=ROOT,
+                        env={**os.environ, **CORES_2}, stdout=-1, stderr=-1, text=True,
+                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not running_child():
+            time.sleep(1)
+        assert running_child(), "the point never started training"
+        kernels = kernels_of(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    (run,) = runs_of("child")
+    (parent,) = runs_of("parent")
+    assert (run.info.status, parent.info.status) == ("KILLED", "KILLED")
+    assert not [k for k in kernels if k.is_running() and k.status() != psutil.STATUS_ZOMBIE]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 from workbench.training import load_config, train
+from workbench.training.describe import run_source_tags
 
 from .conftest import TINY, run_cli
 
@@ -28,12 +30,30 @@ def metric_steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
     return [m.step for m in client.get_metric_history(run_id, key)]
 
 
+@pytest.mark.unit
+def test_run_source_names_the_notebook_or_command_and_the_team_login(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_USERNAME", raising=False)
+    cli = run_source_tags({"command": "workbench train seed=3"})
+    assert cli["mlflow.source.name"] == "workbench train seed=3"
+    assert cli["mlflow.source.type"] == "LOCAL"
+    assert cli["mlflow.user"] == getpass.getuser()
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "alice")  # team mode: the server login
+    notebook = run_source_tags({"notebook": "notebooks/train.ipynb", "command": "ignored"})
+    assert notebook["mlflow.source.name"] == "notebooks/train.ipynb"
+    assert notebook["mlflow.source.type"] == "NOTEBOOK"
+    assert notebook["mlflow.user"] == "alice"
+
+
 def test_tiny_training_logs_everything(store: Path) -> None:
     result = train(load_config(TINY))
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     run = client.get_run(result.run_id)
     assert run.info.status == "FINISHED"
     assert run.info.run_name == "halfcheetah-ne2-ns64-s0"
+    assert run.data.tags["mlflow.source.name"] == "workbench (Python API)"  # "Source" column
+    assert run.data.tags["mlflow.user"] == getpass.getuser()  # "Created by"
     # 384 steps / 128 per rollout = 3 iterations at steps 128, 256, 384.
     for key in ITERATION_KEYS:
         steps = metric_steps(client, result.run_id, key)
@@ -137,6 +157,7 @@ def test_python_m_workbench_is_the_same_program() -> None:
 PEAK_PROBE = """
 import sys
 from workbench.training import load_config, train
+from workbench.training.describe import run_source_tags
 result = train(load_config(sys.argv[1:]))
 status = open("/proc/self/status").read()
 print(result.run_id, [int(line.split()[1]) for line in status.splitlines()

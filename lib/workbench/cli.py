@@ -287,6 +287,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _raise_interrupt(signum, frame)
 
     signal.signal(signal.SIGTERM, on_term)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # A shell starts background jobs (`workbench sweep ... &` in a script) with SIGINT
+        # ignored; Ctrl-C and `kill -INT` must still stop the work cleanly.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         args, run = parse(argv)
         return int(run(args))

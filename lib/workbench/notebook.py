@@ -26,6 +26,7 @@ from stable_baselines3.common.logger import KVWriter
 
 from workbench.config import ConfigError
 from workbench.tracking.writer import LATE_PREFIXES, numeric_items
+from workbench.training.faults import TrainingInterrupted
 from workbench.training.trainer import summary_rows
 from workbench.tuning.trial import TrialSession, open_trial
 
@@ -288,6 +289,14 @@ class LiveCurves(BaseCallback):
         if time.monotonic() - self.last_draw >= self.every_s:
             self.draw()
 
+    def final_evaluation(self, result: TrainResult) -> None:
+        """Add ``train()``'s final deterministic evaluation (after ``model.learn``, outside
+        SB3's logger) as the last point of the evaluation line, and redraw."""
+        if result.eval_mean_reward is not None:
+            self.history.points[EVAL_KEY].append((result.num_timesteps,
+                                                  float(result.eval_mean_reward)))
+        self.draw()
+
     def draw(self) -> None:
         """Render the curves and replace the displayed figure."""
         self.last_draw = time.monotonic()
@@ -296,6 +305,33 @@ class LiveCurves(BaseCallback):
         from IPython.display import Image
 
         self.handle.update(Image(data=render_curves(self.history.points, self.total)))
+
+
+def short_errors() -> None:
+    """Show the workbench's expected stops as one line instead of a traceback.
+
+    A kernel interrupt (:class:`TrainingInterrupted`, after the "KILLED ... resume with" line)
+    and bad input (:class:`ConfigError`: a parameter, an override) are not bugs; a traceback
+    through the workbench's internals only hides the line that says what to do. The cell
+    still fails (Run All stops, papermill records the error); IPython's ``set_custom_exc`` is
+    its own hook for this. Outside IPython nothing changes.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+
+    def one_line(shell: Any, etype: type, value: BaseException, tb: Any,
+                 tb_offset: int | None = None) -> list[str]:
+        prefix = "workbench: error" if isinstance(value, ConfigError) else etype.__name__
+        stb = [f"{prefix}: {value}"]
+        shell._showtraceback(etype, value, stb)  # as IPython's set_custom_exc example does
+        return stb
+
+    shell.set_custom_exc((TrainingInterrupted, ConfigError), one_line)
 
 
 def display_handle() -> Any:

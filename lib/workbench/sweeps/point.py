@@ -33,6 +33,7 @@ from workbench.tracking.store import (
 KERNEL_START_TIMEOUT_S = 180  # a busy machine can take a while to import torch in a new kernel
 STOP_GRACE_S = 15.0  # after SIGINT, a kernel gets this long to mark its run and close its envs
 FINISHED, FAILED, KILLED, SKIPPED = "FINISHED", "FAILED", "KILLED", "SKIPPED"
+POINT_ARTIFACTS = "point"  # a point run's executed notebook and kernel log
 
 
 @dataclass(frozen=True)
@@ -248,6 +249,8 @@ def execute_point(spec: PointSpec, output: Path, kernel: PointKernel | None = No
         error = "interrupted: the sweep was stopped (Ctrl-C or SIGTERM)"
     wall = time.time() - started
     run = settle_runs(client, spec, started, error, status)
+    if run is not None:
+        attach_point_files(client, run.info.run_id, output)
     if run is not None and run.info.status == FINISHED:
         # The run is the point's result. When the kernel was stopped (sweep.timeout, Ctrl-C)
         # or a cell failed after training had finished, the point is FINISHED all the same,
@@ -260,6 +263,23 @@ def execute_point(spec: PointSpec, output: Path, kernel: PointKernel | None = No
     error = error or "the notebook ended without a FINISHED run"
     return PointOutcome(spec.point, status, run_id=run.info.run_id if run else None, error=error,
                         wall_s=wall, notebook=str(output))
+
+
+def attach_point_files(client: MlflowClient, run_id: str, output: Path) -> None:
+    """Log the executed notebook and the kernel's console log to the point's run (artifact
+    path ``point/``), so reviewers of a shared store open them without the sweep's machine.
+
+    The store may be gone by now (a server restarting); the files stay on disk either way,
+    so a failed upload is a warning, not a failed point.
+    """
+    for path in (output, output.with_suffix(".log")):
+        if not path.is_file():
+            continue
+        try:
+            client.log_artifact(run_id, str(path), POINT_ARTIFACTS)
+        except Exception as exc:  # the point's result stands; say where the file still is
+            print(f"workbench: warning: could not attach {path} to run {run_id}: "
+                  f"{type(exc).__name__}: {first_line(str(exc))}", flush=True)
 
 
 def run_papermill(spec: PointSpec, output: Path, kernel: PointKernel) -> str | None:

@@ -5,18 +5,22 @@ child runs (tags ``sweep_id``, ``sweep.role``, ``sweep.point``) and the ones alr
 from __future__ import annotations
 
 import contextlib
+import shlex
 import sqlite3
+import sys
 
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from workbench.sweeps.plan import SweepPlan
 from workbench.tracking import runs
+from workbench.tracking.redaction import scrub, scrub_command
 from workbench.tracking.store import (
     ensure_experiment,
     is_embedded,
     log_params,
     make_client,
+    source_tags,
 )
 
 
@@ -62,10 +66,16 @@ def start_parent_run(client: MlflowClient, experiment_id: str, plan: SweepPlan) 
         run_id = found[0].info.run_id
         client.update_run(run_id, status="RUNNING")
         return run_id
-    tags = {"sweep_id": plan.sweep_id, "sweep.role": "parent", "env": plan.env}
-    run = client.create_run(experiment_id, run_name=plan.sweep_id, tags=tags)
+    tags = {**command_source_tags(), "sweep_id": plan.sweep_id, "sweep.role": "parent",
+            "env": plan.env, "mlflow.note.content": plan.describe()}
+    run = client.create_run(experiment_id, run_name=plan.sweep_id, tags=scrub(tags))
     log_params(client, run.info.run_id, plan.grid_params())
     return run.info.run_id
+
+
+def command_source_tags() -> dict[str, str]:
+    """"Source" and "Created by" of a parent run: this process's ``workbench`` command."""
+    return source_tags(scrub_command(shlex.join(["workbench", *sys.argv[1:]])))
 
 
 def reap_dead_points(plan: SweepPlan) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import getpass
 import logging
 import math
 import os
@@ -224,6 +225,31 @@ def get_experiment_or_explain(client: MlflowClient, name: str, uri: str) -> Any:
             f"tracking server {redact_uri(uri)}: the login {given} (401); export "
             "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD of your account"
         ) from None
+
+
+def source_tags(source: str, kind: str = "LOCAL") -> dict[str, str]:
+    """The tags behind the "Source" and "Created by" columns of MLflow's run table.
+
+    MLflow's fluent API fills them from its run-context providers; runs created through the
+    client (all of the workbench's) get none. ``source`` is what started the run (a command
+    line, a notebook's path), ``kind`` MLflow's source type (``LOCAL``, ``NOTEBOOK``).
+    "Created by" is the tracking server login when one is set (team mode), else the OS user
+    (the manifest records the git commit; MLflow's git provider would warn on every run
+    where git is not installed).
+    """
+    return {
+        "mlflow.source.name": source,
+        "mlflow.source.type": kind,
+        "mlflow.user": os.environ.get("MLFLOW_TRACKING_USERNAME") or os_user(),
+    }
+
+
+def os_user() -> str:
+    """The OS login name; a container's arbitrary UID without a passwd entry gives its UID."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
 
 
 def truncate(value: Any, limit: int) -> str:

@@ -6,6 +6,7 @@ params and printed at start, so the run table, the run page and the console agre
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from workbench import config
 from workbench.config import Derived, WorkbenchConfig
 from workbench.envs.calibration import VecEnvChoice
 from workbench.tracking.redaction import redact_uri
+from workbench.tracking.store import source_tags
 
 
 def default_run_name(cfg: WorkbenchConfig) -> str:
@@ -35,6 +37,15 @@ def run_tags_for(cfg: WorkbenchConfig) -> dict[str, str]:
         tags["preset"] = cfg.experiment_name
     tags["mlflow.note.content"] = run_description(cfg)  # the run's description in MLflow's UI
     return tags
+
+
+def run_source_tags(run_info: Mapping[str, Any] | None) -> dict[str, str]:
+    """"Source" and "Created by" in MLflow's run table: the notebook that ran the training
+    (a sweep point's executed copy, JupyterLab's notebook) or the ``workbench`` command."""
+    info = run_info or {}
+    if info.get("notebook"):
+        return source_tags(str(info["notebook"]), "NOTEBOOK")
+    return source_tags(str(info.get("command") or "workbench (Python API)"))
 
 
 def run_description(cfg: WorkbenchConfig) -> str:

@@ -205,14 +205,14 @@ def open_run(setup: RunSetup, start: Start) -> Iterator[TrainingRun]:
         saved = save_last_good(training.recovery if training else None, write=not forced)
         writer.set_tag(run_id, "error", interrupt_reason(exc))
         writer.set_terminated(run_id, "KILLED")
-        print_stopped(run_id, "KILLED", saved)
+        print_stopped(run_id, "KILLED", saved, notebook=from_notebook(setup))
         raise
     except BaseException as exc:
         saved = save_last_good(training.recovery if training else None)
         error = scrub_command(f"{type(exc).__name__}: {exc}")
         writer.set_tag(run_id, "error", truncate(error, ERROR_TAG_LIMIT))
         writer.set_terminated(run_id, "FAILED")
-        print_stopped(run_id, "FAILED", saved)
+        print_stopped(run_id, "FAILED", saved, notebook=from_notebook(setup))
         raise
     finally:
         if training is not None:
@@ -242,6 +242,11 @@ def create_run(setup: RunSetup) -> Run:
         ) from None
 
 
+def from_notebook(setup: RunSetup) -> bool:
+    """Whether a notebook started the run (its source tag, training/describe.py)."""
+    return setup.tags.get("mlflow.source.type") == "NOTEBOOK"
+
+
 def close_envs(*venvs: VecEnv | None) -> None:
     """Close environments (reaps subprocess workers); a crashed worker must not mask errors."""
     for venv in venvs:
@@ -253,8 +258,12 @@ def close_envs(*venvs: VecEnv | None) -> None:
             print(f"warning: closing environments failed: {exc}", file=sys.stderr)
 
 
-def print_stopped(run_id: str, status: str, saved: str | None) -> None:
-    """Where a stopped run's state is and how to continue it."""
-    where = f"checkpoint {saved}; resume with: workbench train resume={run_id}" if saved else (
-        "no checkpoint written")
+def print_stopped(run_id: str, status: str, saved: str | None, *, notebook: bool = False
+                  ) -> None:
+    """Where a stopped run's state is and how to continue it, in the form of what started it
+    (the ``workbench train`` command, or the notebook's ``overrides`` parameter)."""
+    how = (f'overrides = ["resume={run_id}"] in the notebook\'s parameters (papermill: '
+           f'-y "overrides: [resume={run_id}]")' if notebook
+           else f"workbench train resume={run_id}")
+    where = f"checkpoint {saved}; resume with: {how}" if saved else "no checkpoint written"
     print(f"workbench: run {run_id} {status}; {where}", file=sys.stderr, flush=True)

@@ -31,7 +31,7 @@ from workbench.training.callbacks import (
     evaluate,
     reward_component_callbacks,
 )
-from workbench.training.describe import header_lines
+from workbench.training.describe import header_lines, run_source_tags
 from workbench.training.faults import UpdateCheck
 from workbench.training.lifecycle import open_run, setup_run
 from workbench.training.model import build_model, save_model
@@ -77,7 +77,8 @@ def train(
     """
     cfg = validate(cfg)  # bad input raises here or in the next two lines: nothing written yet
     start = prepare(cfg)  # fresh, the run's own checkpoint (resume=) or a Hub bundle (init.*)
-    setup = setup_run(cfg, start, tags=tags, parent_run_id=parent_run_id)
+    setup = setup_run(cfg, start, tags={**run_source_tags(run_info), **(tags or {})},
+                      parent_run_id=parent_run_id)
     with open_run(setup, start) as run:
         run.record(setup, start, run_info)  # manifest, params, config.yaml
         train_env = run.own(make_envs(setup.env_spec))

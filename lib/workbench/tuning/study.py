@@ -34,7 +34,7 @@ from mlflow.tracking import MlflowClient
 from workbench.config import ConfigError
 from workbench.config.compose import hydra_value
 from workbench.sweeps.point import FAILED, FINISHED, KILLED, SKIPPED, PointOutcome, PointSpec
-from workbench.sweeps.store import child_filter, prepare_store, search_all
+from workbench.sweeps.store import child_filter, command_source_tags, prepare_store, search_all
 from workbench.tracking import runs
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import MAX_TAG_VALUE_LENGTH, is_embedded, log_params, truncate
@@ -187,8 +187,8 @@ def parent_run(client: MlflowClient, experiment_id: str, plan: TunePlan, study: 
         run_id = found[0].info.run_id
         client.update_run(run_id, status="RUNNING")
     else:
-        tags = {"sweep_id": plan.study, "sweep.role": "parent", "tune.study": plan.study,
-                "tune.role": "study", "env": plan.env,
+        tags = {**command_source_tags(), "sweep_id": plan.study, "sweep.role": "parent",
+                "tune.study": plan.study, "tune.role": "study", "env": plan.env,
                 "mlflow.note.content": study_description(plan)}
         run = client.create_run(experiment_id, run_name=plan.study, tags=tags)
         run_id = run.info.run_id
