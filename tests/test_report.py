@@ -27,7 +27,8 @@ from workbench.review.selection import Selection, all_experiment_ids, find_runs,
 from . import reportdata
 from .conftest import ROOT
 
-FIGURES = ["grid_heatmaps.png", "reward_curves.png", "time_split.png", "update_signals.png"]
+FIGURES = ["grid_heatmaps.png", "iqm_intervals.png", "reward_curves.png", "reward_vs_time.png",
+           "time_split.png", "time_to_target.png", "update_signals.png"]
 
 
 @pytest.fixture(scope="module")
@@ -273,7 +274,7 @@ def test_a_diverged_run_never_ranks_first(scratch: tuple[MlflowClient, str, Path
     assert [row[1] for row in ranking.rows] == [
         "toy-ne5-ns8", "toy-ne4-ns8", "toy-ne3-ns8", "toy-ne2-ns8", "toy-ne1-ns8 (diverged)"]
     assert [row[3] for row in ranking.rows] == ["100.0", "100.0", "100.0", "500.0", "900.0"]
-    assert [row[7] for row in ranking.rows] == [
+    assert [row[10] for row in ranking.rows] == [
         "FINISHED", "FINISHED", "FINISHED", "FAILED", "FINISHED"]
 
 
