@@ -39,7 +39,7 @@ def test_written_report_shows_time_curves_target_and_intervals(
     page = (folder / "index.html").read_text()
     headings = [html.unescape(h) for h in re.findall(r"<h[123]>(.*?)</h[123]>", page)]
     assert headings[3:5] == ["Reward vs environment steps", "Return vs training seconds"]
-    assert "Time to target return 4800 over the grid (halfcheetah)" in headings
+    assert "Time to target return 4800 over the grid, halfcheetah" in headings
     assert "IQM of the final return with 95 % intervals" in headings
     for header in ("IQM [95% CI]", "intervals overlap", "time to target"):
         assert f"<th>{header}</th>" in page

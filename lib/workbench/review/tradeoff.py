@@ -218,7 +218,7 @@ def target_figures(points_by_task: Mapping[str, Sequence[PointLike]],
         name = f"time_to_target-{suffix(task)}.png" if len(points_by_task) > 1 \
             else "time_to_target.png"
         out.append(Drawn(
-            name, f"Time to target return {target:g} over the grid ({task})",
+            name, f"Time to target return {target:g} over the grid, {task}",
             f"Training seconds until the deterministic evaluation first reached {target:g} "
             "(mean over seeds); 'not reached' where no seed got there, 'k of n seeds' where "
             "only some did; dashed lines join cells with equal samples per update.",
@@ -270,7 +270,7 @@ def profile_figures(points_by_task: Mapping[str, Sequence[PointLike]],
         profiles = {k: statistics.performance_profile([v], taus) for k, v in scores.items()}
         name = f"performance_profile-{suffix(task)}.png" if len(points_by_task) > 1 \
             else "performance_profile.png"
-        out.append(Drawn(name, f"Performance profile ({task})",
+        out.append(Drawn(name, f"Performance profile, {task}",
                          "Fraction of a point's runs whose final return exceeds τ, for every "
                          "τ; bands: stratified bootstrap 95 % intervals. A curve above another "
                          "over the whole range dominates it.", "figures",
