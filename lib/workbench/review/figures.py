@@ -361,7 +361,7 @@ def profile_figure(profiles: Mapping[str, Any], colors: Mapping[str, str], task:
     fig.set_size_inches(PANEL_SIZE[0] * 1.6, PANEL_SIZE[1])
     with matplotlib.rc_context(STYLE):
         for label, profile in profiles.items():
-            ax.plot(profile.taus, profile.fraction, color=colors[label], label=label)
+            ax.plot(profile.taus, profile.fraction, color=colors[label], label=short(label))
             ax.fill_between(profile.taus, profile.low, profile.high, color=colors[label],
                             alpha=0.18)
         ax.set_ylim(-0.02, 1.02)

@@ -242,7 +242,7 @@ def interval_figure(points: Sequence[PointLike], tradeoff: Tradeoff,
                         fmt="o", color=colors[p.label], capsize=8, markersize=10, linewidth=3)
             ax.text(i.high, y, f"  {i.estimate:.1f} [{i.low:.1f}, {i.high:.1f}], "
                     f"{i.runs} seeds", va="center", fontsize=13)
-        ax.set_yticks(range(len(shown)), [p.label for p in shown])
+        ax.set_yticks(range(len(shown)), [figures.short(p.label) for p in shown])
         ax.invert_yaxis()
         ax.margins(x=0.35)
         ax.set_xlabel("final deterministic evaluation return")
