@@ -142,6 +142,10 @@ def test_knee_where_doubling_stops_buying_ten_percent() -> None:
     assert (knee.num_envs, knee.by) == (8, "throughput")
     assert knee.gains == pytest.approx((0.9, 3500 / 1900 - 1, 3700 / 3500 - 1, 3800 / 3700 - 1))
     assert "num_envs 8 → 16" in knee.reason and "stay at num_envs=8" in knee.reason
+    assert "quiet machine" not in knee.reason
+    # A later rung much faster than the knee: the flat step is flagged as doubtful.
+    noisy = scaling.find_knee(ladder([1000, 1050, 1900]))
+    assert noisy.num_envs == 2 and "num_envs=8 reached 1900 steps/s" in noisy.reason
     # A 9 % gain is below the 10 % bar; 10 % itself still pays.
     assert scaling.find_knee(ladder([1000, 1090, 1200])).num_envs == 2
     assert scaling.find_knee(ladder([1000, 1100, 1210])).num_envs is None

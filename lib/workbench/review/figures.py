@@ -256,8 +256,9 @@ def draw_heatmap(ax: Axes, grid: np.ndarray, xs: Sequence[int], ys: Sequence[int
         cmap = cmap.with_extremes(bad="#dddddd")  # cells without a value: grey
         masked = np.ma.masked_invalid(grid)
         image = ax.imshow(masked, cmap=cmap, origin="lower", aspect="auto")
-        ax.figure.colorbar(image, ax=ax, label=metric.unit)  # type: ignore[union-attr]
         finite = grid[np.isfinite(grid)]
+        if len(finite):  # no scale to show for a grid without values (e.g. all "not reached")
+            ax.figure.colorbar(image, ax=ax, label=metric.unit)  # type: ignore[union-attr]
         middle = (finite.min() + finite.max()) / 2 if len(finite) else 0.0
         for (row, col), value in np.ndenumerate(grid):
             text = metric.fmt.format(value) if np.isfinite(value) else "n/a"

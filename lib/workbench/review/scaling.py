@@ -123,10 +123,16 @@ def find_knee(rungs: Sequence[Rung], *, min_gain: float = MIN_GAIN,
                     f"{rungs[over - 1].num_envs}", gains, "memory")
     if slow is not None:
         small, large = rungs[slow], rungs[slow + 1]
-        return Knee(small.num_envs,
-                    f"num_envs {small.num_envs} → {large.num_envs}: throughput {small.fps:.0f} → "
-                    f"{large.fps:.0f} steps/s ({gains[slow]:+.0%} per doubling, below "
-                    f"{min_gain:.0%}): stay at num_envs={small.num_envs}", gains, "throughput")
+        text = (f"num_envs {small.num_envs} → {large.num_envs}: throughput {small.fps:.0f} → "
+                f"{large.fps:.0f} steps/s ({gains[slow]:+.0%} per doubling, below "
+                f"{min_gain:.0%}): stay at num_envs={small.num_envs}")
+        # A later rung well above the knee's throughput: the flat step was noise (other load
+        # on the machine) or a change of regime (e.g. another vec-env backend); say so.
+        faster = [r for r in rungs[slow + 2:] if r.fps >= small.fps * (1 + min_gain)]
+        if faster:
+            text += (f" (but num_envs={faster[0].num_envs} reached {faster[0].fps:.0f} steps/s: "
+                     "rerun the ladder on a quiet machine before trusting this knee)")
+        return Knee(small.num_envs, text, gains, "throughput")
     last = rungs[-1].num_envs if rungs else 0
     return Knee(None, f"no knee up to num_envs={last}: every doubling bought {min_gain:.0%} "
                 f"or more throughput; extend the ladder", gains, "none")
@@ -192,10 +198,17 @@ def ladder_figure(ladder: Ladder) -> Figure:
         axes[1].legend(loc="best", fontsize=12)
         axes[2].plot(x, [r.peak_memory_mb for r in ladder.rungs], marker="o", color="#2ca02c",
                      label="peak memory, process tree")
-        if ladder.memory_budget_mb is not None:
-            axes[2].axhline(ladder.memory_budget_mb, color="crimson", linestyle="--",
-                            label=f"budget {ladder.memory_budget_mb:.0f} MiB")
+        peak = max((r.peak_memory_mb for r in ladder.rungs if math.isfinite(r.peak_memory_mb)),
+                   default=0.0)
+        budget = ladder.memory_budget_mb
+        if budget is not None and budget <= 2 * peak:
+            axes[2].axhline(budget, color="crimson", linestyle="--",
+                            label=f"budget {budget:.0f} MiB")
+        elif budget is not None:  # drawn, it would flatten the curve to the axis
+            axes[2].plot([], [], " ", label=f"budget {budget:.0f} MiB, far above")
         axes[2].set(title="Peak memory of the training process tree", ylabel="MiB (PSS)")
+        for ax in axes[:3]:  # from 0: a rise of a few MiB must not look like a cliff
+            ax.set_ylim(bottom=0)
         axes[2].legend(loc="best", fontsize=12)
         if gpu:
             draw_gpu(axes[3], ladder)

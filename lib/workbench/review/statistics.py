@@ -161,7 +161,7 @@ def training_clock(metrics: Mapping[str, Series]) -> Series | None:
     return Series.of(steps, [*seconds, total])
 
 
-def seconds_at(clock: Series, steps: np.ndarray) -> np.ndarray:
+def seconds_at(clock: Series, steps: Sequence[int] | np.ndarray) -> np.ndarray:
     """Training seconds at ``steps`` (interpolated between iteration ends; 0 before the
     first)."""
     return np.interp(np.asarray(steps, dtype=float), np.concatenate([[0.0], clock.steps]),

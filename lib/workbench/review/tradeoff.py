@@ -171,9 +171,7 @@ def curve_figures(points: Sequence[PointLike], colors: Mapping[str, str]) -> lis
     steps = [figures.Curves(p.label, colors[p.label],
                             [s for r in p.runs if (s := statistics.reward_series(r.metrics))])
              for p in points]
-    seconds = [figures.Curves(p.label, colors[p.label],
-                              [s for r in p.runs if (s := statistics.reward_vs_seconds(r.metrics))])
-               for p in points]
+    seconds = [figures.Curves(p.label, colors[p.label], seconds_curves(p)) for p in points]
     if not any(c.series for c in seconds):
         return []
     fig, axes = figures.new_figure(2)
@@ -193,6 +191,23 @@ def curve_figures(points: Sequence[PointLike], colors: Mapping[str, str]) -> lis
                   "seconds the run spent training (time/rollout_s + time/update_s; "
                   "evaluations left out). Deterministic evaluation where logged, else training "
                   "episodes; the band is ±1 std over seeds.", "figures", fig)]
+
+
+def seconds_curves(point: PointLike) -> list[Series]:
+    """The point's return curves against training seconds, on one time axis.
+
+    Seeds of a point evaluate at the same steps but not at the same seconds; averaged over
+    the range every seed covers, the curve would end where the fastest seed ended. So the
+    k-th evaluation of every seed is placed at the seeds' mean training seconds at that
+    evaluation (seeds that evaluated at other steps keep their own clock).
+    """
+    pairs = [(r, c) for r in point.runs if (c := statistics.reward_vs_seconds(r.metrics))]
+    steps = [statistics.reward_series(r.metrics) for r, _ in pairs]
+    if len(pairs) < 2 or any(s is None for s in steps) or any(
+            not np.array_equal(s.steps, steps[0].steps) for s in steps if s is not None):
+        return [c for _, c in pairs]
+    clock = np.mean([c.steps for _, c in pairs], axis=0)
+    return [Series(steps=clock, values=c.values) for _, c in pairs]
 
 
 def target_figures(points_by_task: Mapping[str, Sequence[PointLike]],
