@@ -27,7 +27,8 @@ from workbench.review.selection import Selection, all_experiment_ids, find_runs,
 from . import reportdata
 from .conftest import ROOT
 
-FIGURES = ["grid_heatmaps.png", "reward_curves.png", "time_split.png", "update_signals.png"]
+FIGURES = ["grid_heatmaps.png", "iqm_intervals.png", "reward_curves.png", "reward_vs_time.png",
+           "time_split.png", "time_to_target.png", "update_signals.png"]
 
 
 @pytest.fixture(scope="module")
@@ -213,6 +214,16 @@ def test_selector_flags_and_config_overrides() -> None:
     assert Selection(run_ids=("a", "b")).default_name().startswith("runs-2-")
 
 
+@pytest.mark.unit
+def test_target_and_ladder_options() -> None:
+    args, _ = parse(["report", "--target-return", "950", "--target-return", "hopper=2500",
+                     "--target-return=Reacher-v5=-3.75", "--memory-budget-mb", "8000"])
+    options = report.options_from_args(args)
+    assert dict(options.targets) == {"": 950.0, "hopper": 2500.0, "Reacher-v5": -3.75}
+    assert (options.min_gain, options.memory_budget_mb) == (0.1, 8000.0)
+    assert report.options_from_args(parse(["report"])[0]).targets == {}
+
+
 @pytest.mark.parametrize("selection, message", [
     (Selection(sweep_id="nope"),
      "--sweep nope: no runs with tag sweep_id=nope in {uri}; sweeps (latest first): s-resumed, "
@@ -273,7 +284,7 @@ def test_a_diverged_run_never_ranks_first(scratch: tuple[MlflowClient, str, Path
     assert [row[1] for row in ranking.rows] == [
         "toy-ne5-ns8", "toy-ne4-ns8", "toy-ne3-ns8", "toy-ne2-ns8", "toy-ne1-ns8 (diverged)"]
     assert [row[3] for row in ranking.rows] == ["100.0", "100.0", "100.0", "500.0", "900.0"]
-    assert [row[7] for row in ranking.rows] == [
+    assert [row[10] for row in ranking.rows] == [
         "FINISHED", "FINISHED", "FINISHED", "FAILED", "FINISHED"]
 
 
@@ -389,6 +400,11 @@ def test_manifest_facts_that_differ(scratch: tuple[MlflowClient, str, Path],
     (["report", "--approx-kl-max", "-1"], "threshold approx_kl_max=-1.0: must be > 0"),
     (["report", "--experiment", "alpha", "--name", "../x"], "--name '../x': use letters"),
     (["report", "algo.n_step=3"], "algo.n_step: unknown config key"),
+    (["report", "--target-return", "abc"], "report: argument --target-return: 'abc': give a "
+     "return, e.g. 950, or TASK=RETURN"),
+    (["report", "--target-return", "=5"], "report: argument --target-return: '=5': name the "
+     "task"),
+    (["report", "--scale-min-gain", "0"], "report: argument --scale-min-gain: '0': must be > 0"),
 ])
 def test_bad_input_exits_2_in_one_line(synthetic: dict[str, object], tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch,

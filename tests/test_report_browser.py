@@ -44,8 +44,10 @@ def test_report_page_loads_every_figure_without_errors(
         "return Array.from(document.images).map(i => [i.alt, i.complete, i.naturalWidth, "
         "i.naturalHeight]);")
     assert [alt for alt, *_ in images] == [
-        "Reward vs environment steps", "Entropy, clip fraction and approx KL",
-        "Final reward, fps and training time over the grid", "Time split per iteration"]
+        "Reward vs environment steps", "Return vs training seconds",
+        "Entropy, clip fraction and approx KL", "Final reward, fps and training time over the grid",
+        "Time to target return 4800 over the grid, halfcheetah",
+        "IQM of the final return with 95 % intervals", "Time split per iteration"]
     for alt, complete, width, height in images:
         assert complete and width > 0 and height > 0, alt
     resources = browser.execute_script(

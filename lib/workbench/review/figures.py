@@ -248,18 +248,21 @@ def grid_figure(cells: Mapping[tuple[int, int], Mapping[str, float]],
 
 
 def draw_heatmap(ax: Axes, grid: np.ndarray, xs: Sequence[int], ys: Sequence[int],
-                 metric: GridMetric) -> None:
-    """One annotated heatmap panel with a colorbar."""
+                 metric: GridMetric, notes: Mapping[tuple[int, int], str] | None = None) -> None:
+    """One annotated heatmap panel with a colorbar; ``notes`` ((row, col) -> text) replace
+    the number of a cell (e.g. "not reached")."""
     with matplotlib.rc_context(STYLE):
         cmap = matplotlib.colormaps["viridis" if metric.higher_is_better else "viridis_r"]
         cmap = cmap.with_extremes(bad="#dddddd")  # cells without a value: grey
         masked = np.ma.masked_invalid(grid)
         image = ax.imshow(masked, cmap=cmap, origin="lower", aspect="auto")
-        ax.figure.colorbar(image, ax=ax, label=metric.unit)  # type: ignore[union-attr]
         finite = grid[np.isfinite(grid)]
+        if len(finite):  # no scale to show for a grid without values (e.g. all "not reached")
+            ax.figure.colorbar(image, ax=ax, label=metric.unit)  # type: ignore[union-attr]
         middle = (finite.min() + finite.max()) / 2 if len(finite) else 0.0
         for (row, col), value in np.ndenumerate(grid):
             text = metric.fmt.format(value) if np.isfinite(value) else "n/a"
+            text = (notes or {}).get((row, col), text)
             light = np.isfinite(value) and ((value < middle) == metric.higher_is_better)
             ax.text(col, row, text, ha="center", va="center", fontsize=14, fontweight="bold",
                     color="white" if light else "black")
@@ -324,4 +327,47 @@ def time_split_figure(rows: Sequence[TimeSplit]) -> Figure:
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22 - 0.2 / max(1, len(rows))),
                   ncol=3, frameon=False)
         ax.grid(axis="y", visible=False)
+    return fig
+
+
+# --------------------------------------------------------------------------- trade-off
+
+
+TARGET_METRIC = GridMetric("seconds", "Time to target", "training seconds", "{:.1f}", False)
+
+
+def target_grid_figure(cells: Mapping[tuple[int, int], float],
+                       notes: Mapping[tuple[int, int], str], target: float) -> Figure:
+    """Heatmap of the training seconds to ``target`` over num_envs x n_steps; ``notes`` per
+    (num_envs, n_steps) cell say "not reached" (never drawn as 0) or how many seeds did."""
+    xs = sorted({ne for ne, _ in cells})
+    ys = sorted({ns for _, ns in cells})
+    grid = np.full((len(ys), len(xs)), np.nan)
+    for (ne, ns), value in cells.items():
+        grid[ys.index(ns), xs.index(ne)] = value
+    fig, (ax,) = new_figure(1)
+    fig.set_size_inches(PANEL_SIZE[0] * 1.3, PANEL_SIZE[1])
+    draw_heatmap(ax, grid, xs, ys, TARGET_METRIC,
+                 {(ys.index(ns), xs.index(ne)): text for (ne, ns), text in notes.items()})
+    draw_iso_batch(ax, cells, xs, ys)
+    with matplotlib.rc_context(STYLE):
+        ax.set_title(f"Training seconds to return {target:g} (mean over seeds)")
+    return fig
+
+
+def profile_figure(profiles: Mapping[str, Any], colors: Mapping[str, str], task: str) -> Figure:
+    """Performance profiles (:class:`workbench.review.statistics.Profile` per point label):
+    fraction of runs above each score threshold, with bands."""
+    fig, (ax,) = new_figure(1)
+    fig.set_size_inches(PANEL_SIZE[0] * 1.6, PANEL_SIZE[1])
+    with matplotlib.rc_context(STYLE):
+        for label, profile in profiles.items():
+            ax.plot(profile.taus, profile.fraction, color=colors[label], label=short(label))
+            ax.fill_between(profile.taus, profile.low, profile.high, color=colors[label],
+                            alpha=0.18)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("final return threshold τ")
+        ax.set_ylabel("fraction of runs with return > τ")
+        ax.set_title(f"Performance profile over seeds ({task})")
+        ax.legend(loc="lower left", fontsize=12)
     return fig

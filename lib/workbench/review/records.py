@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from workbench.config import ConfigError
-from workbench.review import diagnostics, figures
+from workbench.review import diagnostics, figures, tradeoff
 from workbench.review.diagnostics import Bottleneck, Diagnostic, Series, Thresholds
+from workbench.review.tradeoff import Tradeoff, TradeoffOptions
 from workbench.tracking.manifest import MANIFEST_FILE, headline_tags
 from workbench.tracking.manifest_diff import comparable
 from workbench.tracking.redaction import redact_uri
@@ -223,12 +224,14 @@ class Point:
 
 @dataclass(frozen=True)
 class FigureFile:
-    """A rendered figure: file name, title, caption, PNG bytes."""
+    """A rendered figure: file name, title, caption, PNG bytes, the report section it sits in
+    ("figures": the figure list; "scaling": the scaling ladder's section)."""
 
     filename: str
     title: str
     caption: str
     png: bytes
+    section: str = "figures"
 
 
 @dataclass(frozen=True)
@@ -275,6 +278,8 @@ class Report:
     figures: list[FigureFile]
     thresholds: Thresholds
     sections: list[Section] = field(default_factory=list)  # e.g. a study's (review/study.py)
+    # IQM intervals, time to target, scaling ladders (review.tradeoff)
+    tradeoff: Tradeoff = field(default_factory=Tradeoff)
 
     def run_url(self, run: RunRecord) -> str:
         """The run's page in the MLflow UI."""
@@ -355,6 +360,7 @@ def build_report(
     ui_url: str = DEFAULT_UI_URL,
     name: str | None = None,
     with_figures: bool = True,
+    options: TradeoffOptions | None = None,
 ) -> Report:
     """Select, load and analyse runs; render the figures (unless not wanted). Writes nothing."""
     thresholds = thresholds or Thresholds()
@@ -368,6 +374,7 @@ def build_report(
         point.diverged = any(d.check == "nonfinite" for r in point.runs
                              for d in diagnosed[r.run_id])
     points.sort(key=Point.rank_key)
+    analysis = tradeoff.analyse(points, options or TradeoffOptions())
     name = name or selection.default_name()
     if not NAME_PATTERN.match(name):
         raise ConfigError(f"name={name!r}: use letters, digits, '.', '_' and '-' only")
@@ -386,8 +393,9 @@ def build_report(
         bottlenecks={r.run_id: diagnostics.analyse_bottleneck(r.metrics, thresholds)
                      for r in runs},
         environment=environment_facts(runs),
-        figures=render_figures(points, thresholds) if with_figures else [],
+        figures=render_figures(points, thresholds, analysis) if with_figures else [],
         thresholds=thresholds,
+        tradeoff=analysis,
     )
 
 
@@ -438,9 +446,11 @@ def environment_facts(runs: Sequence[RunRecord]) -> EnvironmentFacts:
 # --------------------------------------------------------------------------- figures
 
 
-def render_figures(points: Sequence[Point], thresholds: Thresholds) -> list[FigureFile]:
+def render_figures(points: Sequence[Point], thresholds: Thresholds,
+                   analysis: Tradeoff | None = None) -> list[FigureFile]:
     """The report's figures as PNG (points in rank order, one color each)."""
     colors = figures.palette([p.label for p in points])
+    analysis = analysis or tradeoff.analyse(points, TradeoffOptions())
 
     def curves(key: str) -> list[figures.Curves]:
         return [figures.Curves(p.label, colors[p.label],
@@ -452,6 +462,7 @@ def render_figures(points: Sequence[Point], thresholds: Thresholds) -> list[Figu
                    "Mean episode return per point; the band is ±1 std over seeds.",
                    figures.png_bytes(figures.reward_figure(curves("rollout/ep_rew_mean"),
                                                            curves("eval/mean_reward")))),
+        *drawn(tradeoff.curve_figures(points, colors)),
         FigureFile("update_signals.png", "Entropy, clip fraction and approx KL",
                    "Per-iteration PPO update statistics; dashed red: diagnostic thresholds.",
                    figures.png_bytes(figures.signals_figure(
@@ -473,11 +484,20 @@ def render_figures(points: Sequence[Point], thresholds: Thresholds) -> list[Figu
             "Mean over the runs (seeds) of each (num_envs, n_steps) cell; dashed lines join "
             "cells with the same samples per update (num_envs × n_steps).",
             figures.png_bytes(figures.grid_figure(cells, figures.GRID_METRICS))))
+    out += drawn([*tradeoff.target_figures(by_env, analysis),
+                  *tradeoff.interval_figure(points, analysis, colors),
+                  *tradeoff.profile_figures(by_env, colors)])
     out.append(FigureFile(
         "time_split.png", "Time split per iteration",
         "Seconds per PPO iteration spent collecting rollouts vs updating the policy.",
         figures.png_bytes(figures.time_split_figure([time_split(p) for p in points]))))
-    return out
+    return out + drawn(tradeoff.ladder_figures(analysis))
+
+
+def drawn(found: Sequence[tradeoff.Drawn]) -> list[FigureFile]:
+    """review.tradeoff's figures as PNG files."""
+    return [FigureFile(d.filename, d.title, d.caption, figures.png_bytes(d.figure), d.section)
+            for d in found]
 
 
 def points_by_env(points: Sequence[Point]) -> dict[str, list[Point]]:

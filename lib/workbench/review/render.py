@@ -20,7 +20,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from workbench.review.diagnostics import MIN_CPU_SAMPLES, Bottleneck, GpuHealth
-from workbench.review.records import EnvironmentFacts, FigureFile, Report
+from workbench.review.records import EnvironmentFacts, FigureFile, Point, Report
+from workbench.review.scaling import Ladder
+from workbench.review.statistics import BOOTSTRAP_REPS
 
 # Characters with a meaning in Markdown (CommonMark and GitHub's: links, emphasis, code, tables,
 # math, strikethrough) that run data may contain; each is written backslash-escaped. ``<``,
@@ -79,7 +81,9 @@ def report_blocks(report: Report) -> list[Block]:
     blocks += section_blocks(report)
     blocks += [Block("h2", "Figures")]
     for fig in report.figures:
-        blocks += [Block("h3", fig.title), Block("figure", fig.caption, figure=fig)]
+        if fig.section == "figures":
+            blocks += [Block("h3", fig.title), Block("figure", fig.caption, figure=fig)]
+    blocks += scaling_blocks(report)
     blocks += diagnostic_blocks(report)
     blocks += bottleneck_blocks(report)
     blocks += environment_blocks(report.environment)
@@ -97,8 +101,10 @@ def ranking_blocks(report: Report) -> list[Block]:
             reward += f" ± {p.reward_std:.1f}"
         flag = " (diverged)" if p.diverged else ""
         rows.append((
-            str(rank), p.label + flag, str(seeds), reward, fmt(p.mean("summary/fps"), ".0f"),
-            fmt(p.mean("summary/wall_time_s"), ".1f"), fmt(p.peak_rss_mb, ".0f"), p.status,
+            str(rank), p.label + flag, str(seeds), reward, *interval_cells(report, p),
+            fmt(p.mean("summary/fps"), ".0f"), fmt(p.mean("summary/wall_time_s"), ".1f"),
+            report.tradeoff.times[p.label].text() if p.label in report.tradeoff.times else "–",
+            fmt(p.peak_rss_mb, ".0f"), p.status,
             [Link(f"s{r.seed}" if r.seed is not None else r.name, report.run_url(r))
              for r in p.runs],
         ))
@@ -108,9 +114,12 @@ def ranking_blocks(report: Report) -> list[Block]:
                    "over seeds); equal rewards by training time (model.learn alone), fastest "
                    "first. Points with NaN/inf in any metric rank below all others, then "
                    "points with runs that did not finish."),
-        Block("table", headers=("#", "point", "seeds", "final eval reward", "fps (steps/s)",
-                                "training time (s)", "peak memory (MiB)", "status", "runs"),
+        Block("p", statistics_text(report)),
+        Block("table", headers=("#", "point", "seeds", "final eval reward", "IQM [95% CI]",
+                                "intervals overlap", "fps (steps/s)", "training time (s)",
+                                "time to target", "peak memory (MiB)", "status", "runs"),
               rows=tuple(rows)),
+        *overlap_blocks(report),
     ]
 
 
@@ -126,6 +135,87 @@ def section_blocks(report: Report) -> list[Block]:
         for fig in section.figures:
             blocks += [Block("h3", fig.title), Block("figure", fig.caption, figure=fig)]
     return blocks
+
+
+def interval_cells(report: Report, point: Point) -> tuple[str, str]:
+    """``IQM [low, high]`` and the ranks of the points whose intervals overlap this one's."""
+    interval = report.tradeoff.intervals.get(point.label)
+    if interval is None:
+        return "–", "–"
+    if not interval.known:
+        return f"{interval.estimate:.1f} (1 seed: no interval)", "–"
+    ranks = {p.label: rank for rank, p in enumerate(report.points, start=1)}
+    others = [f"#{ranks[label]}" for label in report.tradeoff.overlaps.get(point.label, [])]
+    return (f"{interval.estimate:.1f} [{interval.low:.1f}, {interval.high:.1f}]",
+            ", ".join(others) or "none")
+
+
+def statistics_text(report: Report) -> str:
+    """What the IQM and time-to-target columns mean, with each task's target."""
+    t = report.tradeoff
+    targets = "; ".join(f"{task}: {fmt(target, 'g') if target is not None else 'none'} "
+                        f"({t.target_origins.get(task, '')})" for task, target in t.targets.items())
+    return ("IQM: interquartile mean of the final evaluation return over the seeds, with a "
+            f"stratified bootstrap 95% interval (percentile, {BOOTSTRAP_REPS} resamples); "
+            "'intervals overlap' lists the points whose interval shares values with this "
+            "one's: these seeds do not tell them apart, whatever the order. Time to target: "
+            "training seconds (rollouts + updates) until the deterministic evaluation first "
+            "reached the target return (mean over the seeds that did, and how many; 'not "
+            f"reached' if none). Targets: {targets or 'none'}.")
+
+
+def overlap_blocks(report: Report) -> list[Block]:
+    """One sentence on which neighbours in the ranking the seeds do not separate."""
+    if not report.tradeoff.seeds_compared:
+        return [Block("p", "Confidence intervals need two seeds or more per point "
+                           "(sweep.seeds); with one, the order shows single runs.")]
+    ranks = {p.label: rank for rank, p in enumerate(report.points, start=1)}
+    pairs = sorted({tuple(sorted((ranks[a], ranks[b])))
+                    for a, others in report.tradeoff.overlaps.items() for b in others})
+    if not pairs:
+        return [Block("p", "No two points' 95% intervals overlap: the ranking holds at "
+                           "these seeds.")]
+    listed = ", ".join(f"#{a} and #{b}" for a, b in pairs)
+    return [Block("p", f"Not separated by the seeds (95% intervals overlap): {listed}. "
+                       "More seeds narrow the intervals.")]
+
+
+def scaling_blocks(report: Report) -> list[Block]:
+    """The num_envs scaling ladders: knee, rungs, figure."""
+    if not report.tradeoff.ladders:
+        return []
+    blocks = [Block("h2", "Scaling ladder"),
+              Block("p", "Points of one task at one samples per update (num_envs × n_steps) "
+                         "and three or more num_envs (sweep=scale). The knee: the last "
+                         "num_envs before a doubling buys less than the minimum gain in "
+                         "throughput, or before the process tree's peak memory crosses the "
+                         "budget (--scale-min-gain, --memory-budget-mb).")]
+    pictures = {f.title: f for f in report.figures if f.section == "scaling"}
+    for ladder in report.tradeoff.ladders:
+        title = f"Scaling ladder: {ladder.task}, {ladder.samples_per_update} samples per update"
+        knee = ladder.knee
+        mark = f"Knee at num_envs={knee.num_envs}" if knee.num_envs is not None else "No knee"
+        blocks += [Block("h3", title), Block("p", f"{mark}: {knee.reason}."),
+                   Block("table", headers=("num_envs", "n_steps", "seeds", "fps (steps/s)",
+                                           "gain per doubling", "rollout s/iter",
+                                           "update s/iter", "peak memory (MiB)", "GPU util",
+                                           "GPU memory (MB)"),
+                         rows=ladder_rows(ladder))]
+        if title in pictures:
+            blocks.append(Block("figure", pictures[title].caption, figure=pictures[title]))
+    return blocks
+
+
+def ladder_rows(ladder: Ladder) -> tuple[tuple[str, ...], ...]:
+    """One row per rung; the knee's marked."""
+    gains = ("–", *(fmt(g * 100, "+.0f", "%") for g in ladder.knee.gains))
+    return tuple(
+        (f"{r.num_envs} (knee)" if r.num_envs == ladder.knee.num_envs else str(r.num_envs),
+         str(r.n_steps), str(r.runs), fmt(r.fps, ".0f"), gain, fmt(r.rollout_s, ".3f"),
+         fmt(r.update_s, ".3f"), fmt(r.peak_memory_mb, ".0f"),
+         fmt(r.gpu_percent, ".0f", "%") if r.gpu_percent is not None else "not logged",
+         fmt(r.gpu_memory_mb, ".0f") if r.gpu_memory_mb is not None else "not logged")
+        for r, gain in zip(ladder.rungs, gains, strict=True))
 
 
 def diagnostic_blocks(report: Report) -> list[Block]:

@@ -35,8 +35,10 @@ from workbench.review.records import (
     check_ui_url,
 )
 from workbench.review.render import write_report
+from workbench.review.scaling import MIN_GAIN
 from workbench.review.selection import Selection
 from workbench.review.study import load_study, run_url, study_section
+from workbench.review.tradeoff import TradeoffOptions
 from workbench.tuning.storage import storage_url
 
 
@@ -65,6 +67,18 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
         group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind,
                            default=default,
                            help=f"{f.metadata['help']} (default {default:g})")
+    trade = parser.add_argument_group("time to target, scaling ladder")
+    trade.add_argument("--target-return", action="append", default=[], type=target_return,
+                       metavar="[TASK=]RETURN",
+                       help="target return for the time-to-target column and heatmap, for "
+                       "every task or one (env name or id; repeatable); default: the task's "
+                       "reward_threshold in gymnasium's registry")
+    trade.add_argument("--scale-min-gain", type=positive, default=MIN_GAIN, metavar="FRACTION",
+                       help="the scaling ladder's knee: a doubling of num_envs that buys less "
+                       f"throughput than this (default {MIN_GAIN:g})")
+    trade.add_argument("--memory-budget-mb", type=positive, default=None, metavar="MIB",
+                       help="... or the rung whose process tree needs more memory than this "
+                       "(default: 80%% of the smallest machine's memory, from the manifests)")
     parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
                         help="Hydra overrides locating the store, e.g. tracking.uri=...")
 
@@ -82,6 +96,36 @@ def ui_url(text: str) -> str:
         return check_ui_url(text)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--ui-url ")) from exc
+
+
+def target_return(text: str) -> tuple[str, float]:
+    """``--target-return 950`` (every task) or ``--target-return hopper=2500``."""
+    task, sep, value = text.rpartition("=")
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a return, e.g. 950, or TASK=RETURN, e.g. hopper=2500") from None
+    if sep and not task:
+        raise argparse.ArgumentTypeError(f"{text!r}: name the task before '='")
+    return task, number
+
+
+def positive(text: str) -> float:
+    """A number above 0."""
+    try:
+        number = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a number") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be > 0")
+    return number
+
+
+def options_from_args(args: argparse.Namespace) -> TradeoffOptions:
+    """The :class:`TradeoffOptions` the command-line flags give."""
+    return TradeoffOptions(targets=dict(args.target_return), min_gain=args.scale_min_gain,
+                           memory_budget_mb=args.memory_budget_mb)
 
 
 def run_ids(text: str) -> tuple[str, ...]:
@@ -112,7 +156,8 @@ def run_command(args: argparse.Namespace) -> int:
     if args.name is not None and not NAME_PATTERN.match(args.name):
         raise ConfigError(f"--name {args.name!r}: use letters, digits, '.', '_' and '-' only")
     report = open_report(selection, overrides=args.overrides, thresholds=thresholds,
-                         ui_url=args.ui_url, name=args.name, study=args.study)
+                         ui_url=args.ui_url, name=args.name, study=args.study,
+                         options=options_from_args(args))
     fired = sum(len(d) for d in report.diagnostics.values())
     print(f"report: {len(report.runs)} run(s), {len(report.points)} point(s), {fired} "
           f"diagnostic(s) fired ({report.selection})", file=sys.stderr)
@@ -129,13 +174,15 @@ def open_report(
     ui_url: str = DEFAULT_UI_URL,
     name: str | None = None,
     study: str | None = None,
+    options: TradeoffOptions | None = None,
 ) -> Report:
     """Build a report against the configured store (the CLI's and the notebook's entry).
 
     ``overrides`` are config overrides that locate the store (``tracking.uri=...``, and
     ``tune.storage=...`` for a study); ``MLFLOW_TRACKING_URI`` wins as everywhere.
     ``thresholds`` may be a plain dict. ``study`` reports a tuning study: its trials' runs
-    plus its section (:mod:`workbench.review.study`).
+    plus its section (:mod:`workbench.review.study`). ``options`` set the target returns and
+    the scaling ladder's knee.
     """
     if thresholds is None or isinstance(thresholds, Mapping):
         thresholds = Thresholds.from_mapping(thresholds or {})
@@ -143,11 +190,12 @@ def open_report(
     uri = resolve_tracking_uri(cfg.tracking.uri)
     if study is None:
         return build_report(open_store(uri), selection, store=uri, thresholds=thresholds,
-                            ui_url=ui_url, name=name)
+                            ui_url=ui_url, name=name, options=options)
     optuna_study = load_study(study, storage_url(cfg.tune.storage, uri))
     client = open_store(uri)
     report = build_report(client, Selection(sweep_id=study, tags=selection.tags), store=uri,
-                          thresholds=thresholds, ui_url=ui_url, name=name or f"study-{study}")
+                          thresholds=thresholds, ui_url=ui_url, name=name or f"study-{study}",
+                          options=options)
     urls = {r.run_id: run_url(ui_url, r.experiment_id, r.run_id) for r in report.runs}
     report.sections.append(study_section(optuna_study, urls))
     report.title = f"Report: study {study}"
