@@ -11,11 +11,29 @@ from typing import Any
 
 import torch
 
-from workbench import config
+from workbench import config, paths
 from workbench.config import Derived, WorkbenchConfig
 from workbench.envs.calibration import VecEnvChoice
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import source_tags
+
+# Tasks whose shipped defaults were measured side by side with rl-baselines3-zoo's tuned PPO
+# (docs/benchmarks.md): the `ppo` defaults were chosen on HalfCheetah, Hopper has
+# conf/tuning/ppo_hopper.yaml. Every other task runs them untested, and the header says so.
+MEASURED_TASKS = ("halfcheetah", "hopper")
+
+
+def untested_defaults_note(cfg: WorkbenchConfig) -> str | None:
+    """The header's warning for a task the shipped defaults were not measured on (none for a
+    preset, e.g. ``experiment=zoo_<task>``, whose values come from elsewhere)."""
+    if cfg.experiment_name or cfg.env.name in MEASURED_TASKS:
+        return None
+    note = (f"the shipped defaults are untested on {cfg.env.name} (measured on "
+            f"{' and '.join(MEASURED_TASKS)} only, docs/benchmarks.md)")
+    zoo = f"zoo_{cfg.env.name}"
+    if (paths.project_root() / "conf" / "experiment" / f"{zoo}.yaml").is_file():
+        note += f"; rl-baselines3-zoo's tuned values: experiment={zoo}"
+    return note
 
 
 def default_run_name(cfg: WorkbenchConfig) -> str:
@@ -104,4 +122,5 @@ def header_lines(
         "tracking": f"{redact_uri(uri)}  experiment {cfg.tracking.experiment!r}",
         "run": f"{run_name}  ({run_id})",
         **({"artifacts": redact_uri(artifact_uri)} if artifact_uri else {}),
+        **({"note": note} if (note := untested_defaults_note(cfg)) else {}),
     }
