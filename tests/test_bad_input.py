@@ -182,7 +182,9 @@ def test_resume_of_a_live_run_is_refused(finished_run: FinishedRun,  # noqa: F81
         assert re.fullmatch(
             rf"workbench: error: resume={finished_run.run_id}: the run is RUNNING with a "
             r"heartbeat (\d+) s old \(its training may still be alive\); if its process is "
-            r"gone, mark it KILLED with `workbench runs reap --older-than \1`, then resume\n",
+            r"gone, mark it KILLED with `workbench runs reap --older-than \1` once the "
+            r"heartbeat is over 20 s old \(younger ones are live and never reaped\), then "
+            r"resume\n",
             err), err
     finally:
         client.set_terminated(finished_run.run_id, "FINISHED")

@@ -27,7 +27,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from workbench.envs import guards
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_envs
-from workbench.tracking import journal, outbox
+from workbench.tracking import journal, outbox, runs
 from workbench.training import checkpoint, load_config, train
 
 from .conftest import ROOT, TINY, run_cli
@@ -366,7 +366,7 @@ def test_outbox_keeps_what_the_store_refused_and_sync_delivers_it_once(
     assert len(journal.Journal(folder).pending()) == 3
     assert client.get_run(run_id).info.status == "RUNNING"
 
-    result = outbox.sync_outbox(client, folder)
+    result = runs.sync_outbox(client, folder)
     assert (result.delivered, result.left) == (3, 0)
     assert not folder.exists()
     run = client.get_run(run_id)

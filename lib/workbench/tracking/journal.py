@@ -3,6 +3,11 @@ acknowledgements, replayed against the store in order (metric batches merged).
 
 Replays are idempotent: metrics carry their original timestamp and step (MLflow ignores an
 identical metric row), tags and the status are last-write-wins, artifacts are overwritten.
+
+The journal keeps every write of the run, delivered or not, and the artifact files of every
+upload until a later write deletes that artifact (checkpoints beyond ``keep_last``), so that
+a run the store lost (a server replaced by an empty one, a run purged) can be re-created from
+it; ``store.json`` beside it records the store and how the run was created (its origin).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import os
 import shutil
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -22,7 +28,10 @@ from mlflow.tracking import MlflowClient
 
 JOURNAL = "journal.jsonl"
 LOCK_FILE = "lock"
+STORE_FILE = "store.json"
 MAX_MERGED_METRICS = 1000  # MLflow's limit per log_batch call
+REAPED_TAG = "workbench.reaped"  # set by `workbench runs reap` (workbench.tracking.runs)
+REAP_ERROR_PREFIX = "reaped: "  # how the reap's ``error`` tag begins
 
 
 @dataclass
@@ -31,6 +40,8 @@ class Journal:
 
     folder: Path
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # seq -> artifact path of the uploads whose files are still staged (built on first use)
+    _uploads: dict[int, str] | None = field(default=None, repr=False)
 
     @property
     def path(self) -> Path:
@@ -45,22 +56,53 @@ class Journal:
         line = json.dumps(record, separators=(",", ":"))
         with self.lock, self.path.open("a") as handle:
             handle.write(line + "\n")
+            if self._uploads is not None and record.get("op") == "log_artifacts":
+                self._uploads[int(record["seq"])] = record.get("artifact_path") or ""
 
-    def pending(self) -> list[dict[str, Any]]:
-        """Journaled writes without an acknowledgement, in order (a torn last line is ignored)."""
-        if not self.path.exists():
-            return []
+    def scan(self) -> tuple[list[dict[str, Any]], set[int]]:
+        """Every journaled write in order, and the acknowledged sequence numbers.
+
+        A torn last line (the process died while writing it) is ignored: it was never queued.
+        """
+        with self.lock:
+            text = self.path.read_text() if self.path.exists() else ""
         writes: dict[int, dict[str, Any]] = {}
-        for line in self.path.read_text().splitlines():
+        acked: set[int] = set()
+        for line in text.splitlines():
             try:
                 record = json.loads(line)
             except ValueError:
-                continue  # the process died while writing this line: it was never queued
+                continue
             if "ack" in record:
-                writes.pop(record["ack"], None)
-            else:
-                writes[record["seq"]] = record
-        return [writes[seq] for seq in sorted(writes)]
+                acked.add(int(record["ack"]))
+            elif "seq" in record:
+                writes[int(record["seq"])] = record
+        return [writes[seq] for seq in sorted(writes)], acked
+
+    def pending(self) -> list[dict[str, Any]]:
+        """Journaled writes without an acknowledgement, in order."""
+        writes, acked = self.scan()
+        return [r for r in writes if r["seq"] not in acked]
+
+    def history(self) -> list[dict[str, Any]]:
+        """Journaled writes the store acknowledged, in order."""
+        writes, acked = self.scan()
+        return [r for r in writes if r["seq"] in acked]
+
+    def prune_deleted(self, artifact_path: str, before_seq: int) -> None:
+        """Drop the staged files of earlier uploads that a delivered deletion removed.
+
+        What the store no longer holds need not be kept for a re-creation either; this keeps
+        the outbox of a long run as large as the run's artifacts, not as all it ever wrote.
+        """
+        if self._uploads is None:
+            writes, _ = self.scan()
+            self._uploads = {r["seq"]: r.get("artifact_path") or "" for r in writes
+                             if r.get("op") == "log_artifacts"}
+        for seq, path in list(self._uploads.items()):
+            if seq < before_seq and is_under(path, artifact_path):
+                shutil.rmtree(self.files(seq), ignore_errors=True)
+                del self._uploads[seq]
 
     def last_seq(self) -> int:
         """Highest sequence number written so far (0 for a new journal)."""
@@ -71,6 +113,44 @@ class Journal:
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 seqs.append(int(json.loads(line).get("seq", 0)))
         return max(seqs)
+
+
+def is_under(path: str, folder: str) -> bool:
+    """True when artifact ``path`` is ``folder`` or inside it (``""`` is the root)."""
+    return not folder or path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def surviving(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """``records`` without the uploads a later deletion removed, and without the deletions.
+
+    What replaying the writes in order would leave, for a run re-created from its journal: a
+    deletion refers to artifacts of the lost run, and an upload it removed is not kept.
+    """
+    kept: list[Mapping[str, Any]] = []
+    deleted: list[str] = []
+    for record in reversed(records):
+        if record["op"] == "delete_artifacts":
+            deleted.append(record["artifact_path"] or "")
+        elif record["op"] != "log_artifacts" or not any(
+                is_under(record.get("artifact_path") or "", d) for d in deleted):
+            kept.append(record)
+    return kept[::-1]
+
+
+def read_info(folder: Path) -> dict[str, Any]:
+    """The outbox's ``store.json`` (the store, the login, the run's origin); {} if unreadable."""
+    with contextlib.suppress(OSError, ValueError):
+        info = json.loads((folder / STORE_FILE).read_text())
+        if isinstance(info, dict):
+            return info
+    return {}
+
+
+def write_info(folder: Path, info: Mapping[str, Any]) -> None:
+    """Replace ``store.json`` atomically (a kill leaves the old or the new one, never half)."""
+    temporary = folder / f".{STORE_FILE}.tmp"
+    temporary.write_text(json.dumps(info, indent=1, sort_keys=True))
+    os.replace(temporary, folder / STORE_FILE)
 
 
 @contextlib.contextmanager
@@ -147,6 +227,7 @@ def apply(client: MlflowClient, run_id: str, record: Mapping[str, Any], journal:
             tags=[RunTag(k, v) for k, v in record["tags"]],
         )
     elif op == "set_terminated":
+        clear_reap(client, run_id)
         MlflowClient.set_terminated(client, run_id, record["status"], record["end_time"])
     elif op == "log_artifacts":
         folder = journal.files(record["seq"])
@@ -155,6 +236,22 @@ def apply(client: MlflowClient, run_id: str, record: Mapping[str, Any], journal:
         delete_artifacts(client, run_id, record["artifact_path"])
     else:
         raise ValueError(f"unknown outbox operation {op!r}")
+
+
+def clear_reap(client: MlflowClient, run_id: str) -> bool:
+    """Remove a reap's marks from a run whose process turned out to be alive; True if any.
+
+    `workbench runs reap` marks a run KILLED when no heartbeat reached the store for a while;
+    a write that arrives afterwards proves the process was alive, so the reap's tag and its
+    ``error`` (not an error of the run's own) go before the run's true status is written.
+    """
+    tags = MlflowClient.get_run(client, run_id).data.tags
+    if REAPED_TAG not in tags:
+        return False
+    MlflowClient.delete_tag(client, run_id, REAPED_TAG)
+    if tags.get("error", "").startswith(REAP_ERROR_PREFIX):
+        MlflowClient.delete_tag(client, run_id, "error")
+    return True
 
 
 def delete_artifacts(client: MlflowClient, run_id: str, artifact_path: str) -> None:

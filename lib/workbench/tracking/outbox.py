@@ -17,7 +17,11 @@ Design (a training neither dies after minutes of retries nor silently drops metr
    GIL: ~60 waits per second were counted at 1 s, half at 5 s, but the wall-time ratio of
    ``benchmarks/tracking_overhead.py`` did not move measurably, while heartbeats, tags and
    outage detection queued behind the longer wait, so 1 s stayed.)
-3. **Drain at the end.** When the run ends the client waits up to ``drain_timeout_s`` for the
+3. **Only an acknowledged write leaves the journal.** A refusal is judged first
+   (:mod:`workbench.tracking.rejection`): a refused login is retried like an outage, a run
+   the store lost is re-created from the journal, a run in the store's trash waits, and only
+   a single malformed write to a live run is dropped (with a warning).
+4. **Drain at the end.** When the run ends the client waits up to ``drain_timeout_s`` for the
    queue to empty. Whatever the store still has not accepted stays in the outbox and
    ``workbench runs sync`` (or resuming the run) delivers it later; the console says so.
 
@@ -29,9 +33,7 @@ persists pending writes nor retries them.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
-import json
 import os
 import shutil
 import sys
@@ -39,37 +41,32 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from workbench import paths
+from workbench.tracking import rejection
 from workbench.tracking.journal import (
     JOURNAL,
     LOCK_FILE,
+    STORE_FILE,
     Journal,
     apply,
+    clear_reap,
     encode_batch,
     is_metric_only,
-    locked,
     merge_metric_batches,
     metric_batches,
+    read_info,
     stage_files,
+    write_info,
 )
 from workbench.tracking.redaction import redact_uri
+from workbench.tracking.rejection import CannotRecreate, Verdict
 from workbench.tracking.store import truncate
-
-STORE_FILE = "store.json"
-
-# Error codes that mean "the store answered and refuses this write": retrying cannot help.
-PERMANENT_ERRORS = {
-    "INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS",
-    "INVALID_STATE", "BAD_REQUEST", "PERMISSION_DENIED", "UNAUTHENTICATED",
-}
 
 # One HTTP attempt must fail fast; the outbox does the retrying (MLflow's defaults retry for
 # about four minutes per request). Only set where the user has not chosen values.
@@ -87,21 +84,10 @@ def outbox_root() -> Path:
     return paths.experiments_dir() / "outbox"
 
 
-def is_permanent(exc: BaseException) -> bool:
-    """True when the store rejected a write (not a connection or lock problem)."""
-    return isinstance(exc, MlflowException) and exc.error_code in PERMANENT_ERRORS
-
-
 def short_error(exc: BaseException, limit: int = 200) -> str:
     """First line of an exception, for console messages."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return truncate(f"{type(exc).__name__}: {text}", limit)
-
-
-# --------------------------------------------------------------------------- journal
-
-
-# --------------------------------------------------------------------------- applying writes
 
 
 # --------------------------------------------------------------------------- the client
@@ -114,7 +100,9 @@ class DeliveryClient(MlflowClient):
     they are journaled and delivered in order by a background thread. ``skip_logged`` maps
     metric keys to the last step the store already holds for them: after a resume the
     iterations between the checkpoint and the interruption are recomputed, and their values
-    (identical on the same machine) are not logged twice.
+    (identical on the same machine) are not logged twice. ``origin`` says how the run was
+    created (:func:`workbench.tracking.rejection.origin_of`), so that a store that loses the
+    run gets it back; after that :attr:`store_run_id` is the id of the run in the store.
     """
 
     def __init__(
@@ -122,6 +110,7 @@ class DeliveryClient(MlflowClient):
         tracking_uri: str,
         run_id: str,
         *,
+        origin: Mapping[str, Any] | None = None,
         skip_logged: Mapping[str, int] | None = None,
         drain_timeout_s: float = 10.0,
         batch_interval_s: float = 1.0,
@@ -145,9 +134,13 @@ class DeliveryClient(MlflowClient):
                 f"run {run_id} is being recorded by another live process "
                 f"(outbox {self.journal.folder} is locked)"
             ) from exc
-        (self.journal.folder / STORE_FILE).write_text(
-            json.dumps({"tracking_uri": redact_uri(tracking_uri), "run_id": run_id})
-        )
+        info = read_info(self.journal.folder)  # an earlier process's origin and re-creation
+        write_info(self.journal.folder, {
+            **info, "tracking_uri": redact_uri(tracking_uri), "run_id": run_id,
+            "user": rejection.login_of(tracking_uri) or info.get("user"),
+            "origin": info.get("origin") or (dict(origin) if origin else None),
+        })
+        self.target = str(info.get("recreated_as") or run_id)  # the run's id in the store
         self.queue: deque[dict[str, Any]] = deque(self.journal.pending())
         self.seq = self.journal.last_seq()
         self.cond = threading.Condition()
@@ -155,6 +148,8 @@ class DeliveryClient(MlflowClient):
         self.closing = False
         self.outage_since: float | None = None
         self.last_error: BaseException | None = None
+        self.verdict: Verdict | None = None  # why the last attempt failed (None: it did not)
+        self.ended = False  # the run's status was delivered: a late heartbeat revives nothing
         self.delivered = 0
         self.rejected: list[str] = []
         self._saved_env = {k: os.environ.get(k) for k in FAST_FAIL_HTTP}
@@ -162,6 +157,12 @@ class DeliveryClient(MlflowClient):
             os.environ.setdefault(key, value)
         self.thread = threading.Thread(target=self._deliver, name="workbench-outbox", daemon=True)
         self.thread.start()
+        self.heartbeat()  # alive from its creation on, not only once it steps
+
+    @property
+    def store_run_id(self) -> str:
+        """The run's id in the store: ``run_id``, or the run re-created after the store lost it."""
+        return self.target
 
     # ----------------------------------------------------------------- writes (MlflowClient API)
 
@@ -235,7 +236,12 @@ class DeliveryClient(MlflowClient):
         self._submit(run_id, {"op": "delete_artifacts", "artifact_path": artifact_path})
 
     def heartbeat(self) -> None:
-        """Stamp the run as alive (tag ``workbench.heartbeat``); never journaled or retried."""
+        """Stamp the run as alive (tag ``workbench.heartbeat``); never journaled or retried.
+
+        Delivering it also undoes a reap that came while the run was alive (its heartbeats
+        did not reach the store for a while): the run is RUNNING again, without the reap's
+        tags.
+        """
         with self.cond:
             if any(r.get("op") == "heartbeat" for r in self.queue):
                 return
@@ -281,14 +287,21 @@ class DeliveryClient(MlflowClient):
         if left == 0 and not self.thread.is_alive():
             shutil.rmtree(self.journal.folder, ignore_errors=True)
         else:
-            print(
-                f"workbench: warning: {left} tracking writes of run {self.run_id} could not "
-                f"reach the store {redact_uri(self.uri)} ("
-                f"{short_error(self.last_error) if self.last_error else 'timed out'}); they are "
-                f"kept in {self.journal.folder}: run `workbench runs sync` when it is back",
-                file=sys.stderr, flush=True,
-            )
+            print(f"workbench: warning: {left} tracking writes of run {self.run_id} "
+                  f"{self._left_reason()}", file=sys.stderr, flush=True)
         return left
+
+    def _left_reason(self) -> str:
+        """Why writes are left at the end, where they are, and what delivers them."""
+        folder = self.journal.folder
+        if self.verdict is Verdict.LOGIN and self.last_error is not None:
+            return ("were not accepted: "
+                    + rejection.login_advice(self.uri, folder, self.last_error))
+        if self.verdict is Verdict.DELETED_RUN:
+            return "were not accepted: " + rejection.deleted_advice(self.target, folder)
+        reason = short_error(self.last_error) if self.last_error else "timed out"
+        return (f"could not reach the store {redact_uri(self.uri)} ({reason}); they are kept in "
+                f"{folder}: run `workbench runs sync` when it is back")
 
     # ----------------------------------------------------------------- internals
 
@@ -337,14 +350,7 @@ class DeliveryClient(MlflowClient):
             try:
                 self._send(record)
             except Exception as exc:
-                if record["op"] == "heartbeat":
-                    self._done(record)
-                elif is_permanent(exc):
-                    if len(records) == 1:
-                        self._reject(record, exc)
-                    else:  # find the refused batch among the merged ones
-                        for each in records:
-                            self._retry_alone(each)
+                if self._settled(records, record, exc):
                     continue
                 failures += 1
                 self._outage(exc)
@@ -352,6 +358,7 @@ class DeliveryClient(MlflowClient):
                 self.wake.wait(timeout=min(0.5 * 2 ** (failures - 1), 15.0))
                 continue
             failures = 0
+            self.verdict = None
             for each in records:
                 self._done(each)
             if is_metric_only(record) and not self.urgent and not self._other_waiting():
@@ -364,6 +371,47 @@ class DeliveryClient(MlflowClient):
                     file=sys.stderr, flush=True,
                 )
                 self.outage_since = None
+
+    def _settled(self, records: Sequence[dict[str, Any]], record: Mapping[str, Any],
+                 exc: BaseException) -> bool:
+        """Judge a failed write; True when it was settled (go on at once), False to back off.
+
+        A heartbeat is never retried. A refused write to a live run is dropped (a merged
+        batch is resent in parts to find the refused one); a run the store lost is re-created;
+        an outage, a refused login or a deleted run keeps everything and backs off.
+        """
+        if record["op"] == "heartbeat":
+            self._done(record)
+        self.verdict = rejection.judge(self, self.target, exc)
+        self.last_error = exc
+        if self.verdict is Verdict.MISSING_RUN:
+            return self._recreate()
+        if self.verdict is not Verdict.REJECTED:
+            return False
+        if record["op"] != "heartbeat" and len(records) == 1:
+            self._reject(record, exc)
+        elif record["op"] != "heartbeat":
+            for each in records:
+                self._retry_alone(each)
+        self.verdict = None
+        return True
+
+    def _recreate(self) -> bool:
+        """Re-create the run the store lost, from the journal; False when that failed."""
+        try:
+            new = rejection.recreate_run(self, self.uri, self.journal)
+        except Exception as exc:  # CannotRecreate, or the store failed again: keep, back off
+            self.last_error = exc
+            if isinstance(exc, CannotRecreate):
+                self.verdict = Verdict.OUTAGE
+            return False
+        old, self.target = self.target, new
+        self.verdict = None
+        print(f"workbench: warning: run {old} no longer exists in the tracking store "
+              f"{redact_uri(self.uri)} (replaced or purged); re-created it from the outbox "
+              f"journal as run {new} (tag {rejection.RECREATED_TAG}={self.run_id}); "
+              "training goes on recording there", file=sys.stderr, flush=True)
+        return True
 
     def _other_waiting(self) -> bool:
         """A write other than a metric batch is queued: a heartbeat, a tag, params, artifacts.
@@ -386,14 +434,27 @@ class DeliveryClient(MlflowClient):
     def _send(self, record: Mapping[str, Any]) -> None:
         if record["op"] == "heartbeat":
             tag = RunTag(HEARTBEAT_TAG, f"{record['time']:.3f}")
-            MlflowClient.log_batch(self, self.run_id, tags=[tag])
+            MlflowClient.log_batch(self, self.target, tags=[tag])
+            self._revive()
         else:
-            apply(self, self.run_id, record, self.journal)
+            apply(self, self.target, record, self.journal)
+
+    def _revive(self) -> None:
+        """The run was reaped while this process was alive: RUNNING again, reap marks gone."""
+        if self.ended or not clear_reap(self, self.target):
+            return
+        MlflowClient.update_run(self, self.target, status="RUNNING")
+        print(f"workbench: warning: run {self.target} had been marked KILLED by `workbench runs "
+              "reap` (its heartbeats had not reached the store for a while); it is still "
+              "training, so it is RUNNING again", file=sys.stderr, flush=True)
 
     def _done(self, record: Mapping[str, Any]) -> None:
         if record["op"] != "heartbeat":
             self.journal.append({"ack": record["seq"]})
-            shutil.rmtree(self.journal.files(record["seq"]), ignore_errors=True)
+            if record["op"] == "delete_artifacts":
+                self.journal.prune_deleted(record["artifact_path"] or "", record["seq"])
+            elif record["op"] == "set_terminated":
+                self.ended = True
             self.delivered += 1
         with self.cond:
             if self.queue and self.queue[0] is record:
@@ -403,56 +464,29 @@ class DeliveryClient(MlflowClient):
     def _reject(self, record: Mapping[str, Any], exc: BaseException) -> None:
         self.rejected.append(short_error(exc))
         print(f"workbench: warning: the tracking store rejected a {record['op']} write of run "
-              f"{self.run_id}: {short_error(exc)}", file=sys.stderr, flush=True)
+              f"{self.target}, which is dropped: {short_error(exc)}", file=sys.stderr,
+              flush=True)
         self._done(record)
 
     def _outage(self, exc: BaseException) -> None:
         self.last_error = exc
-        if self.outage_since is None:
-            self.outage_since = time.monotonic()
-            print(
-                f"workbench: warning: tracking store {redact_uri(self.uri)} not "
-                f"reachable ({short_error(exc)}); training continues, writes are kept in "
-                f"{self.journal.folder} and retried",
-                file=sys.stderr, flush=True,
-            )
+        if self.outage_since is not None:
+            return
+        self.outage_since = time.monotonic()
+        folder = self.journal.folder
+        if self.verdict is Verdict.LOGIN:
+            why = f"refused the login ({short_error(exc)})"
+        elif self.verdict is Verdict.DELETED_RUN:
+            why = f"holds run {self.target} as deleted"
+        elif isinstance(exc, CannotRecreate):
+            why = f"lost the run: {exc}"
+        else:
+            why = f"not reachable ({short_error(exc)})"
+        print(f"workbench: warning: tracking store {redact_uri(self.uri)} {why}; training "
+              f"continues, writes are kept in {folder} and retried", file=sys.stderr, flush=True)
 
 
-# --------------------------------------------------------------------------- sync
-
-
-@dataclass
-class SyncResult:
-    """What ``workbench runs sync`` did for one outbox."""
-
-    run_id: str
-    delivered: int
-    left: int
-    note: str = ""
-
-
-def sync_outbox(client: MlflowClient, folder: Path) -> SyncResult:
-    """Deliver one outbox's pending writes to ``client``'s store, in order; remove it when empty."""
-    run_id = folder.name
-    with locked(folder) as acquired:
-        if not acquired:
-            return SyncResult(run_id, 0, -1, "in use by a running training; skipped")
-        journal = Journal(folder)
-        delivered = 0
-        pending = journal.pending()
-        for record in pending:
-            try:
-                apply(client, run_id, record, journal)
-            except Exception as exc:
-                if not is_permanent(exc):
-                    return SyncResult(run_id, delivered, len(pending) - delivered,
-                                      short_error(exc))
-                print(f"workbench: warning: run {run_id}: store rejected a {record['op']} "
-                      f"write: {short_error(exc)}", file=sys.stderr)
-            journal.append({"ack": record["seq"]})
-            delivered += 1
-    shutil.rmtree(folder, ignore_errors=True)
-    return SyncResult(run_id, delivered, 0)
+# --------------------------------------------------------------------------- outboxes
 
 
 def outboxes(run_id: str | None = None) -> list[Path]:
@@ -466,6 +500,5 @@ def outboxes(run_id: str | None = None) -> list[Path]:
 
 def recorded_uri(folder: Path) -> str | None:
     """The (redacted) tracking URI an outbox was written for."""
-    with contextlib.suppress(OSError, ValueError):
-        return str(json.loads((folder / STORE_FILE).read_text())["tracking_uri"])
-    return None
+    recorded = read_info(folder).get("tracking_uri")
+    return str(recorded) if recorded is not None else None

@@ -40,6 +40,7 @@ from workbench.envs.spec import EnvSpec
 from workbench.tracking import manifest
 from workbench.tracking.outbox import DeliveryClient
 from workbench.tracking.redaction import redact_uri, scrub, scrub_command, scrub_yaml
+from workbench.tracking.rejection import origin_of
 from workbench.tracking.runs import check_experiments_writable
 from workbench.tracking.store import (
     ensure_experiment,
@@ -67,6 +68,7 @@ class RunSetup:
     uri: str
     client: MlflowClient  # the store itself; the run's writes go through its outbox
     experiment_id: str
+    experiment_name: str  # for a run the store loses: re-created in an experiment of this name
     env_spec: EnvSpec  # ``vec_env=auto`` resolved
     vec_choice: VecEnvChoice
     torch_threads: int
@@ -87,6 +89,8 @@ def setup_run(cfg: WorkbenchConfig, start: Start, *, tags: Mapping[str, str] | N
     client = make_client(uri)
     experiment_id = (start.resumed.run.info.experiment_id if start.resumed
                      else ensure_experiment(client, cfg.tracking.experiment, uri))
+    experiment_name = (client.get_experiment(experiment_id).name if start.resumed
+                       else cfg.tracking.experiment)
     # env.vec_env=auto is resolved here, once, before the run exists (envs/calibration.py)
     vec_choice = choose_vec_env(start.env_spec(EnvSpec.from_config(cfg)))
     threads = cfg.torch_threads or auto_torch_threads(cfg.env.num_envs, vec_choice.name)
@@ -97,7 +101,7 @@ def setup_run(cfg: WorkbenchConfig, start: Start, *, tags: Mapping[str, str] | N
         run_tags["mlflow.parentRunId"] = parent_run_id
     return RunSetup(
         cfg=cfg, derived=config.derive(cfg), uri=uri, client=client,
-        experiment_id=experiment_id,
+        experiment_id=experiment_id, experiment_name=experiment_name,
         env_spec=replace(EnvSpec.from_config(cfg), vec_env=vec_choice.name),
         vec_choice=vec_choice, torch_threads=threads,
         run_name=scrub(cfg.tracking.run_name or default_run_name(cfg)), tags=run_tags,
@@ -189,11 +193,8 @@ def open_run(setup: RunSetup, start: Start) -> Iterator[TrainingRun]:
     training: TrainingRun | None = None
     monitor = None
     try:
-        delivery = DeliveryClient(setup.uri, run_id)
-        writer = delivery
-        if start.resumed:
-            delivery.skip_logged = reopen(store, start.resumed)
-        training = TrainingRun(run, delivery, scrub_yaml(config.to_dict(setup.cfg)))
+        training = open_outbox(setup, start, run)
+        writer = training.client
         if setup.cfg.tracking.system_metrics:
             monitor = start_system_metrics(run_id, setup.uri,
                                            setup.cfg.tracking.system_metrics_interval_s,
@@ -205,14 +206,16 @@ def open_run(setup: RunSetup, start: Start) -> Iterator[TrainingRun]:
         saved = save_last_good(training.recovery if training else None, write=not forced)
         writer.set_tag(run_id, "error", interrupt_reason(exc))
         writer.set_terminated(run_id, "KILLED")
-        print_stopped(run_id, "KILLED", saved, notebook=from_notebook(setup))
+        print_stopped(store_id(writer, run_id), "KILLED", saved,
+                      notebook=from_notebook(setup))
         raise
     except BaseException as exc:
         saved = save_last_good(training.recovery if training else None)
         error = scrub_command(f"{type(exc).__name__}: {exc}")
         writer.set_tag(run_id, "error", truncate(error, ERROR_TAG_LIMIT))
         writer.set_terminated(run_id, "FAILED")
-        print_stopped(run_id, "FAILED", saved, notebook=from_notebook(setup))
+        print_stopped(store_id(writer, run_id), "FAILED", saved,
+                      notebook=from_notebook(setup))
         raise
     finally:
         if training is not None:
@@ -225,6 +228,23 @@ def open_run(setup: RunSetup, start: Start) -> Iterator[TrainingRun]:
         stop_system_metrics(monitor)
         if isinstance(writer, DeliveryClient):
             writer.close()  # drains the outbox (workbench/tracking/outbox.py)
+
+
+def open_outbox(setup: RunSetup, start: Start, run: Run) -> TrainingRun:
+    """The run's outbox (recording how the run was created), reopened on resume."""
+    if start.resumed:
+        skip_logged = reopen(setup.client, start.resumed)
+        run = setup.client.get_run(run.info.run_id)  # as reopened: RUNNING, no old error
+        origin = origin_of(run, setup.experiment_name, resumed_from_step=start.resumed.step)
+    else:
+        skip_logged, origin = {}, origin_of(run, setup.experiment_name)
+    delivery = DeliveryClient(setup.uri, run.info.run_id, origin=origin, skip_logged=skip_logged)
+    return TrainingRun(run, delivery, scrub_yaml(config.to_dict(setup.cfg)))
+
+
+def store_id(writer: MlflowClient, run_id: str) -> str:
+    """The run's id in the store (a run the store lost was re-created under a new id)."""
+    return writer.store_run_id if isinstance(writer, DeliveryClient) else run_id
 
 
 def create_run(setup: RunSetup) -> Run:

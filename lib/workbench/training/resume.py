@@ -167,7 +167,8 @@ def check_not_alive(run: Run) -> None:
         raise ConfigError(
             f"resume={run.info.run_id}: the run is RUNNING with a heartbeat {int(age)} s old "
             "(its training may still be alive); if its process is gone, mark it KILLED with "
-            f"`workbench runs reap --older-than {int(age)}`, then resume"
+            f"`workbench runs reap --older-than {int(age)}` once the heartbeat is over "
+            f"{runs.LIVE_WINDOW_S:g} s old (younger ones are live and never reaped), then resume"
         )
 
 

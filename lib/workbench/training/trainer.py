@@ -100,11 +100,13 @@ def train(
         summary = summarize(mean, std, model.num_timesteps, wall, memory.peak_mb)
         log_summary(run.client, run.run_id, summary, model.num_timesteps)
         save_model(run.client, run.run_id, cfg, model, train_env, run.manifest)
+    stored = run.client.store_run_id  # a run the store lost was re-created under a new id
+    info = run.run.info if stored == run.run_id else setup.client.get_run(stored).info
     result = TrainResult(
-        run_id=run.run_id, run_name=setup.run_name, experiment_id=setup.experiment_id,
+        run_id=stored, run_name=setup.run_name, experiment_id=info.experiment_id,
         tracking_uri=setup.uri, status="FINISHED", num_timesteps=model.num_timesteps,
         eval_mean_reward=mean, eval_std_reward=std, fps=summary["summary/fps"], wall_time_s=wall,
-        peak_rss_mb=summary["summary/peak_rss_mb"], artifact_uri=run.run.info.artifact_uri,
+        peak_rss_mb=summary["summary/peak_rss_mb"], artifact_uri=info.artifact_uri,
     )
     print_result(result)
     return result
