@@ -2,7 +2,9 @@
 
 - **Interruption** (SIGINT, SIGTERM, a JupyterLab kernel interrupt): the first signal asks
   training to stop after the current environment step (:class:`Interruption`); a second one
-  raises :class:`TrainingInterrupted` at once.
+  raises :class:`TrainingInterrupted` at once. While a run is being created or its status
+  written, a signal is held (:class:`HeldSignals`) and raised once the run's status can
+  follow it; a second one while held stops at once.
 - **Non-finite updates**: losses and parameters after each PPO update are checked by
   :class:`UpdateCheck` (raising :class:`workbench.envs.guards.NonFiniteError`, the same error
   the environment guards raise for observations, rewards and actions).
@@ -97,6 +99,58 @@ class Interruption:
         assert self.signum is not None
         name = signal.Signals(self.signum).name
         return TrainingInterrupted(self.signum, f"{name} received{detail}")
+
+
+class HeldSignals:
+    """SIGINT/SIGTERM held back over a stretch where an interruption would make a run lie.
+
+    Between the moment the store creates a run and the moment the code that marks it KILLED
+    owns it, and while that code writes the status, an exception from a signal handler
+    would leave the run RUNNING (or half-ended). :meth:`hold` records such a signal instead;
+    :meth:`release` restores the handlers and delivers the recorded signal through the
+    handler that was in place (the CLI's raises :class:`KeyboardInterrupt`). A second
+    signal while held is delivered at once, so that a hung store call can still be stopped.
+    Only in the main thread (where Python runs signal handlers); elsewhere a no-op.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.previous: dict[int, Any] = {}
+        self.signum: int | None = None
+
+    def hold(self) -> HeldSignals:
+        """Record SIGINT/SIGTERM from now on, until :meth:`release`."""
+        if self.previous or threading.current_thread() is not threading.main_thread():
+            return self
+        self.previous = {sig: signal.getsignal(sig) for sig in self.SIGNALS}
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._record)
+        return self
+
+    def release(self, deliver: bool = True) -> None:
+        """Restore the handlers; deliver a held signal now (unless ``deliver`` is False)."""
+        if not self.previous:
+            return
+        previous, self.previous = self.previous, {}
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        signum, self.signum = self.signum, None
+        if signum is not None and deliver:
+            self._deliver(signum, previous[signum])
+
+    def _record(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is None:
+            self.signum = signum
+            return
+        self.release()  # the second one: delivered at once (the first is raised with it)
+
+    @staticmethod
+    def _deliver(signum: int, handler: Any) -> None:
+        if callable(handler):
+            handler(signum, None)
+        elif handler == signal.SIG_DFL:
+            signal.raise_signal(signum)  # the default action: the process ends
 
 
 def interrupt_reason(exc: BaseException) -> str:

@@ -52,7 +52,12 @@ from workbench.tracking.store import (
 from workbench.tracking.system_metrics import start_system_metrics, stop_system_metrics
 from workbench.training.checkpoint import RecoveryCallback, save_last_good
 from workbench.training.describe import default_run_name, run_params, run_tags_for
-from workbench.training.faults import Interruption, interrupt_reason, release_accelerator
+from workbench.training.faults import (
+    HeldSignals,
+    Interruption,
+    interrupt_reason,
+    release_accelerator,
+)
 from workbench.training.resume import reopen
 from workbench.training.start import Start
 
@@ -184,14 +189,26 @@ class TrainingRun:
 
 @contextlib.contextmanager
 def open_run(setup: RunSetup, start: Start) -> Iterator[TrainingRun]:
-    """Create (or reopen) the run, own it, and end it with a truthful status."""
+    """Create (or reopen) the run, own it, and end it with a truthful status.
+
+    Every instant from the run's creation to its status being stored is covered: SIGINT and
+    SIGTERM are held while the run is created and opened (outbox, resume, system metrics)
+    and while its status is written and the outbox drained, and raised where the ``try``
+    that marks the run KILLED owns them (:class:`workbench.training.faults.HeldSignals`).
+    """
     store = setup.client
-    # a resumed run continues as itself (workbench/training/resume.py)
-    run = start.resumed.run if start.resumed else create_run(setup)
+    held = HeldSignals().hold()  # a signal from here on waits for the try below
+    try:
+        # a resumed run continues as itself (workbench/training/resume.py)
+        run = start.resumed.run if start.resumed else create_run(setup)
+    except BaseException:
+        held.release()  # no run exists: a held signal is raised now
+        raise
     run_id = run.info.run_id
     writer: MlflowClient = store  # until the outbox exists, status writes go to the store
     training: TrainingRun | None = None
     monitor = None
+    stopping = False
     try:
         training = open_outbox(setup, start, run)
         writer = training.client
@@ -199,9 +216,13 @@ def open_run(setup: RunSetup, start: Start) -> Iterator[TrainingRun]:
             monitor = start_system_metrics(run_id, setup.uri,
                                            setup.cfg.tracking.system_metrics_interval_s,
                                            resume=start.resumed is not None)
+        held.release()  # a signal that came while the run was opened is raised here
         yield training
+        held.hold()
         writer.set_terminated(run_id, "FINISHED")
     except KeyboardInterrupt as exc:
+        held.hold()
+        stopping = True
         forced = training is not None and training.interruption.forced
         saved = save_last_good(training.recovery if training else None, write=not forced)
         writer.set_tag(run_id, "error", interrupt_reason(exc))
@@ -210,6 +231,7 @@ def open_run(setup: RunSetup, start: Start) -> Iterator[TrainingRun]:
                       notebook=from_notebook(setup))
         raise
     except BaseException as exc:
+        held.hold()
         saved = save_last_good(training.recovery if training else None)
         error = scrub_command(f"{type(exc).__name__}: {exc}")
         writer.set_tag(run_id, "error", truncate(error, ERROR_TAG_LIMIT))
@@ -218,16 +240,20 @@ def open_run(setup: RunSetup, start: Start) -> Iterator[TrainingRun]:
                       notebook=from_notebook(setup))
         raise
     finally:
-        if training is not None:
-            close_envs(*training.envs)
-            release_accelerator(training.model)
-            if training.recovery is not None:
-                # Its last snapshot (policy and Adam state, cloned on the model's device) is
-                # written by now; a notebook's kept traceback would otherwise pin it on the GPU.
-                training.recovery.snapshot = None
-        stop_system_metrics(monitor)
-        if isinstance(writer, DeliveryClient):
-            writer.close()  # drains the outbox (workbench/tracking/outbox.py)
+        try:
+            if training is not None:
+                close_envs(*training.envs)
+                release_accelerator(training.model)
+                if training.recovery is not None:
+                    # Its last snapshot (policy and Adam state, cloned on the model's device) is
+                    # written by now; a notebook's kept traceback would otherwise pin it on the
+                    # GPU.
+                    training.recovery.snapshot = None
+            stop_system_metrics(monitor)
+            if isinstance(writer, DeliveryClient):
+                writer.close()  # drains the outbox (workbench/tracking/outbox.py)
+        finally:
+            held.release(deliver=not stopping)  # already stopping: a second signal adds nothing
 
 
 def open_outbox(setup: RunSetup, start: Start, run: Run) -> TrainingRun:
