@@ -39,7 +39,7 @@ class Journal:
     """Append-only record of one run's writes and their acknowledgements."""
 
     folder: Path
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.RLock = field(default_factory=threading.RLock)  # prune_deleted scans
     # seq -> artifact path of the uploads whose files are still staged (built on first use)
     _uploads: dict[int, str] | None = field(default=None, repr=False)
 
@@ -95,14 +95,17 @@ class Journal:
         What the store no longer holds need not be kept for a re-creation either; this keeps
         the outbox of a long run as large as the run's artifacts, not as all it ever wrote.
         """
-        if self._uploads is None:
-            writes, _ = self.scan()
-            self._uploads = {r["seq"]: r.get("artifact_path") or "" for r in writes
-                             if r.get("op") == "log_artifacts"}
-        for seq, path in list(self._uploads.items()):
-            if seq < before_seq and is_under(path, artifact_path):
-                shutil.rmtree(self.files(seq), ignore_errors=True)
+        with self.lock:  # no upload is appended between the scan and the index
+            if self._uploads is None:
+                writes, _ = self.scan()
+                self._uploads = {r["seq"]: r.get("artifact_path") or "" for r in writes
+                                 if r.get("op") == "log_artifacts"}
+            gone = [seq for seq, path in self._uploads.items()
+                    if seq < before_seq and is_under(path, artifact_path)]
+            for seq in gone:
                 del self._uploads[seq]
+        for seq in gone:
+            shutil.rmtree(self.files(seq), ignore_errors=True)
 
     def last_seq(self) -> int:
         """Highest sequence number written so far (0 for a new journal)."""

@@ -204,7 +204,7 @@ def replay(client: MlflowClient, run_id: str, records: Sequence[Mapping[str, Any
     An upload whose staged files are gone (a journal of an older workbench) is skipped.
     Raises the first failure; what was applied before it has had ``done`` called.
     """
-    queue = list(records)
+    queue = [dict(r) for r in records]
     while queue:
         group = metric_batches(queue)
         record = merge_metric_batches(group) if len(group) > 1 else group[0]
