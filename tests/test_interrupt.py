@@ -166,11 +166,13 @@ def test_sigkill_leaves_no_process_then_reap_and_resume(store: Path, tmp_path: P
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     assert client.get_run(run_id).info.status == "RUNNING"  # what MLflow alone leaves
 
-    time.sleep(1.5)
+    # A heartbeat younger than two intervals is live whatever --older-than says: wait it out.
+    beat = float(client.get_run(run_id).data.tags["workbench.heartbeat"])
+    time.sleep(max(0.0, beat + runs.LIVE_WINDOW_S + 1 - time.time()))
     reap = run_cli("runs", "reap", "--older-than", "1")
     assert reap.returncode == 0, reap.stderr
     assert reap.stdout.splitlines()[0] == (
-        f"reaped {run_id}: KILLED (no heartbeat for more than 1 s)")
+        f"reaped {run_id}: KILLED (no heartbeat for more than 20 s)")
     run = client.get_run(run_id)
     assert run.info.status == "KILLED"
     assert run.data.tags["error"].startswith("reaped: no heartbeat for ")
@@ -185,6 +187,37 @@ def test_sigkill_leaves_no_process_then_reap_and_resume(store: Path, tmp_path: P
     assert runs.REAPED_TAG not in run.data.tags and "error" not in run.data.tags
     steps = strictly_increasing_steps(client, run_id)
     assert steps["rollout/ep_rew_mean"] == list(range(128, 1281, 128))
+
+
+@pytest.mark.slow
+def test_reap_spares_a_live_training_and_a_run_reaped_alive_ends_finished(
+    store: Path, tmp_path: Path
+) -> None:
+    training = Training(tmp_path, *BASE, "total_timesteps=12800")
+    training.wait_for(lambda: "| 256 steps |" in training.stdout)
+    run_id = training.run_id()
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    live = run_cli("runs", "reap", "--older-than", "0")
+    assert live.returncode == 0, live.stderr
+    assert live.stdout.splitlines()[0].startswith(f"live {run_id}: heartbeat ")
+    assert client.get_run(run_id).info.status == "RUNNING"
+
+    # Suspended (a laptop lid, a stopped container): its heartbeat grows old and it is reaped.
+    training.proc.suspend()
+    beat = float(client.get_run(run_id).data.tags["workbench.heartbeat"])
+    time.sleep(max(0.0, beat + runs.LIVE_WINDOW_S + 1 - time.time()))
+    reap = run_cli("runs", "reap", "--older-than", "0")
+    assert reap.returncode == 0, reap.stderr
+    assert reap.stdout.splitlines()[0].startswith(f"reaped {run_id}: KILLED")
+    assert client.get_run(run_id).info.status == "KILLED"
+    training.proc.resume()  # it was alive after all: it takes its run back
+    assert training.proc.wait(timeout=600) == 0, training.stderr
+    assert f"run {run_id} had been marked KILLED by `workbench runs reap`" in training.stderr
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert "error" not in run.data.tags and runs.REAPED_TAG not in run.data.tags
+    assert run.info.end_time > float(run.data.tags["workbench.heartbeat"]) * 1000 - 1
+    training.wait_no_survivors()
 
 
 @pytest.mark.unit
