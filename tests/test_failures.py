@@ -6,16 +6,11 @@ real `workbench train` processes, a real SQLite store and a real `mlflow server`
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
-import socket
 import sqlite3
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +25,9 @@ from workbench.envs.vector import make_envs
 from workbench.tracking import journal, outbox, runs
 from workbench.training import checkpoint, load_config, train
 
+from tests.mlflowserver import MlflowServer, session_processes, start_training, wait_text
+from tests.teamserver import free_port
+
 from .conftest import ROOT, TINY, run_cli
 
 FAULTY = "tests.faulty_envs:WorkbenchTest/{}-v0"
@@ -40,18 +38,6 @@ QUIET = [*TINY, "env.vec_env=dummy", "console.iteration_lines=false",
 def only_run(client: MlflowClient):
     (run,) = client.search_runs([client.get_experiment_by_name("workbench").experiment_id])
     return run
-
-
-def session_processes(leader: int) -> list[psutil.Process]:
-    """Processes still alive in the session started by ``leader`` (zombies included)."""
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if os.getsid(proc.pid) == leader:
-                found.append(proc)
-        except OSError:
-            continue
-    return found
 
 
 def run_train_process(*overrides: str, timeout: float = 300) -> tuple[int, str, str, int]:
@@ -204,61 +190,6 @@ def test_locked_store_neither_stalls_nor_loses_metrics(store: Path) -> None:
     assert not (store / "outbox" / result.run_id).exists()
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-class MlflowServer:
-    """A real `mlflow server` on 127.0.0.1 (SQLite store, served artifacts) to stop and restart."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-        env.pop("MLFLOW_TRACKING_URI", None)
-        command = [
-            sys.executable, "-m", "mlflow", "server",
-            "--backend-store-uri", f"sqlite:///{self.root / 'server.db'}",
-            "--serve-artifacts", "--artifacts-destination", (self.root / "artifacts").as_uri(),
-            "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-            "--uvicorn-opts", "--timeout-worker-healthcheck 300",
-        ]
-        log = (self.root / "server.log").open("a")
-        self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=log, cwd=self.root,
-                                     start_new_session=True)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, (self.root / "server.log").read_text()[-2000:]
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as reply:
-                    if reply.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.3)
-        raise AssertionError("mlflow server did not start")
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        deadline = time.monotonic() + 30
-        while session_processes(self.proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        self.proc = None
-
-
 @pytest.fixture()
 def mlflow_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowServer]:
     root = tmp_path / "server"
@@ -271,22 +202,6 @@ def mlflow_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[M
         yield server
     finally:
         server.stop()
-
-
-def start_training(tmp: Path, name: str, *overrides: str) -> tuple[psutil.Popen, Path, Path]:
-    out, err = tmp / f"{name}.out", tmp / f"{name}.err"
-    proc = psutil.Popen([sys.executable, "-m", "workbench", "train", *overrides], cwd=ROOT,
-                        start_new_session=True, stdout=out.open("w"), stderr=err.open("w"),
-                        env={**os.environ})
-    return proc, out, err
-
-
-def wait_text(path: Path, text: str, proc: psutil.Popen, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in path.read_text():
-        assert proc.poll() is None, path.with_suffix(".err").read_text()
-        assert time.monotonic() < deadline, f"no {text!r} in {path}"
-        time.sleep(0.1)
 
 
 @pytest.mark.slow

@@ -1,0 +1,145 @@
+"""A real `mlflow server` on 127.0.0.1 for outage tests: stopped, restarted on the same store,
+or replaced by an empty one on the same port; optionally with MLflow's basic-auth app (users
+in a SQLite database beside the store).
+"""
+
+from __future__ import annotations
+
+import configparser
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from tests.conftest import ROOT
+from tests.teamserver import free_port, logged_in
+
+
+def session_processes(leader: int) -> list[psutil.Process]:
+    """Processes still alive in the session started by ``leader`` (zombies included)."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getsid(proc.pid) == leader:
+                found.append(proc)
+        except OSError:
+            continue
+    return found
+
+
+class MlflowServer:
+    """A real `mlflow server` (SQLite store, served artifacts) to stop, restart and replace."""
+
+    def __init__(self, root: Path, *, auth: bool = False) -> None:
+        self.root = root
+        self.auth = auth
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.generation = 0  # which store it serves: replace() moves to a new, empty one
+        self.admin_password = "adm-" + secrets.token_urlsafe(12)
+
+    @property
+    def store(self) -> Path:
+        """The folder of the store being served (database, artifacts, users)."""
+        folder = self.root / f"store-{self.generation}"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def start(self) -> None:
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        for key in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            env.pop(key, None)
+        command = [
+            sys.executable, "-m", "mlflow", "server",
+            "--backend-store-uri", f"sqlite:///{self.store / 'server.db'}",
+            "--serve-artifacts", "--artifacts-destination", (self.store / "artifacts").as_uri(),
+            "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+            "--uvicorn-opts", "--timeout-worker-healthcheck 300",
+        ]
+        if self.auth:
+            command += ["--app-name", "basic-auth"]
+            env.update(MLFLOW_AUTH_CONFIG_PATH=str(self.auth_config()),
+                       MLFLOW_AUTH_ADMIN_PASSWORD=self.admin_password,
+                       MLFLOW_FLASK_SERVER_SECRET_KEY=secrets.token_urlsafe(16))
+        log = (self.root / "server.log").open("a")
+        self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=log, cwd=self.root,
+                                     start_new_session=True)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, (self.root / "server.log").read_text()[-2000:]
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.3)
+        raise AssertionError("mlflow server did not start")
+
+    def auth_config(self) -> Path:
+        """MLflow's basic-auth config: users in SQLite beside the store, READ by default."""
+        parser = configparser.ConfigParser(interpolation=None)
+        parser["mlflow"] = {
+            "default_permission": "READ",
+            "database_uri": f"sqlite:///{self.store / 'users.db'}",
+            "admin_username": "admin",
+            "authorization_function": "mlflow.server.auth:authenticate_request_basic_auth",
+        }
+        path = self.store / "basic_auth.ini"
+        with path.open("w") as handle:
+            parser.write(handle)
+        return path
+
+    def create_user(self, name: str, password: str) -> None:
+        """An account, created by the admin through MLflow's auth client."""
+        from mlflow.server import get_app_client
+
+        with logged_in("admin", self.admin_password):
+            get_app_client("basic-auth", tracking_uri=self.url).create_user(name, password)
+
+    def replace(self) -> None:
+        """Stop, then serve a new, empty store on the same port (a server set up anew)."""
+        self.stop()
+        self.generation += 1
+        self.start()
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        deadline = time.monotonic() + 30
+        while session_processes(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.proc = None
+
+
+# --------------------------------------------------------------------------- trainings
+
+
+def start_training(tmp: Path, name: str, *overrides: str) -> tuple[psutil.Popen, Path, Path]:
+    out, err = tmp / f"{name}.out", tmp / f"{name}.err"
+    proc = psutil.Popen([sys.executable, "-m", "workbench", "train", *overrides], cwd=ROOT,
+                        start_new_session=True, stdout=out.open("w"), stderr=err.open("w"),
+                        env={**os.environ})
+    return proc, out, err
+
+
+def wait_text(path: Path, text: str, proc: psutil.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in path.read_text():
+        assert proc.poll() is None, path.with_suffix(".err").read_text()
+        assert time.monotonic() < deadline, f"no {text!r} in {path}"
+        time.sleep(0.1)

@@ -1,0 +1,183 @@
+"""A tracking server that loses a run or refuses the login: nothing is dropped.
+
+Real `mlflow server` processes (tests/mlflowserver.py): one replaced by an empty one while a
+real `workbench train` records into it, and after a training ended during an outage; one
+with MLflow's basic-auth app that refuses a wrong login or a user without permission.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+from workbench.tracking import outbox, rejection
+from workbench.training import checkpoint
+
+from tests.mlflowserver import MlflowServer, start_training, wait_text
+from tests.teamserver import logged_in
+
+from .conftest import TINY, run_cli
+
+pytestmark = pytest.mark.slow
+
+QUIET = [*TINY, "env.vec_env=dummy", "console.iteration_lines=true",
+         "tracking.system_metrics=false", "eval.every_steps=0", "checkpoint.every_steps=256"]
+
+
+@pytest.fixture()
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowServer]:
+    root = tmp_path / "server"
+    root.mkdir()
+    running = MlflowServer(root)
+    running.start()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", running.url)
+    monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(tmp_path / "experiments"))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def artifact_paths(client: MlflowClient, run_id: str, path: str | None = None) -> set[str]:
+    found = set()
+    for info in client.list_artifacts(run_id, path):
+        found |= artifact_paths(client, run_id, info.path) if info.is_dir else {info.path}
+    return found
+
+
+def check_complete(client: MlflowClient, run_id: str, old_id: str, last_step: int) -> None:
+    """The re-created run holds the whole record of the lost one."""
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["workbench.recreated_from"] == old_id
+    assert client.get_experiment(run.info.experiment_id).name == "workbench"
+    assert run.data.params["algo.n_steps"] == "64"
+    assert run.data.tags["env"] == "halfcheetah"
+    for key in ("rollout/ep_rew_mean", "train/value_loss", "time/iterations"):
+        steps = sorted(m.step for m in client.get_metric_history(run_id, key))
+        assert steps == list(range(128, last_step + 1, 128)), key
+    assert {"summary/eval_mean_reward", "eval/mean_reward"} <= set(run.data.metrics)
+    assert {"config.yaml", "manifest.json", "model/model.zip"} <= artifact_paths(client, run_id)
+    assert checkpoint.stored_checkpoints(client, run_id)[-1].step == last_step
+
+
+def test_a_server_replaced_mid_run_and_after_the_run_gets_the_whole_run_back(
+    server: MlflowServer, tmp_path: Path
+) -> None:
+    outboxes = tmp_path / "experiments" / "outbox"
+    # 1. Mid-run the server goes away and an empty one takes its place: the training
+    # re-creates its run there from the journal and finishes it.
+    proc, out, err = start_training(tmp_path, "first", *QUIET, "total_timesteps=2560")
+    wait_text(out, "| 256 steps |", proc)
+    old_id = next(ln for ln in out.read_text().splitlines() if ln.startswith("run "))
+    old_id = old_id.rsplit("(", 1)[1].rstrip(")")
+    proc.suspend()  # held while the server is replaced, so that it happens mid-run
+    server.replace()
+    proc.resume()
+    assert proc.wait(timeout=900) == 0, err.read_text()
+    new_id = out.read_text().strip().splitlines()[-1]
+    assert new_id != old_id
+    assert (f"run {old_id} no longer exists in the tracking store {server.url} (replaced or "
+            f"purged); re-created it from the outbox journal as run {new_id}") in err.read_text()
+    client = MlflowClient(server.url)
+    check_complete(client, new_id, old_id, 2560)
+    assert not (outboxes / old_id).exists()
+
+    # 2. The server is down when a run ends, and comes back empty: `runs sync` re-creates it,
+    # from its first metric on (before the outage the old server had them), not only what
+    # was pending.
+    proc, out, err = start_training(tmp_path, "second", *QUIET, "total_timesteps=1280")
+    wait_text(out, "| 512 steps |", proc)
+    server.stop()
+    assert proc.wait(timeout=900) == 0, err.read_text()
+    old_id = out.read_text().strip().splitlines()[-1]
+    assert f"tracking writes of run {old_id} could not reach the store" in err.read_text()
+    server.generation += 1  # an empty store this time
+    server.start()
+    synced = run_cli("runs", "sync")
+    assert synced.returncode == 0, synced.stderr
+    (line,) = [ln for ln in synced.stdout.splitlines() if ln.startswith(("synced", "pending"))]
+    found = re.fullmatch(rf"synced {old_id}: \d+ write\(s\) delivered \(the store had lost the "
+                         r"run: re-created as (\w+), the old id kept in tag "
+                         r"workbench.recreated_from\)", line)
+    assert found, line
+    check_complete(client, found[1], old_id, 1280)
+    assert not (outboxes / old_id).exists()
+
+
+def tree_digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "lock"}
+
+
+def test_a_refused_login_keeps_every_write_until_sync_is_logged_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "server"
+    root.mkdir()
+    server = MlflowServer(root, auth=True)
+    server.start()
+    try:
+        server.create_user("alice", "alice-password-1")
+        server.create_user("bob", "bob-password-22")
+        experiments = tmp_path / "experiments"
+        monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(experiments))
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
+        with logged_in("alice", "alice-password-1"):
+            client = MlflowClient(server.url)
+            experiment_id = client.create_experiment("alice-exp")
+            run = client.create_run(experiment_id, run_name="alice-run")
+        run_id = run.info.run_id
+
+        # The live outbox with a wrong password (changed mid-run): every write is kept.
+        with logged_in("alice", "wrong-password"):
+            live = outbox.DeliveryClient(server.url, run_id, drain_timeout_s=3,
+                                         origin=rejection.origin_of(run, "alice-exp"))
+            live.log_batch(run_id, params=[Param("seed", "0")],
+                           metrics=[Metric("loss", 1.0, 1_700_000_000_000, 1)])
+            live.log_text(run_id, "weights", "model/model.zip")
+            live.set_terminated(run_id, "FINISHED")
+            assert live.close() == 3
+        err = capsys.readouterr().err
+        assert "refused the login" in err
+        assert (f"3 tracking writes of run {run_id} were not accepted: tracking server "
+                f"{server.url}: the login of alice was refused (401)") in err
+        assert err.rstrip().endswith("log in as alice (MLFLOW_TRACKING_USERNAME/PASSWORD) and "
+                                     "rerun `workbench runs sync`")
+        folder = experiments / "outbox" / run_id
+        before = tree_digest(folder)
+
+        refused = run_cli("runs", "sync")  # no login at all
+        assert refused.returncode == 2, refused.stderr
+        lines = refused.stderr.strip().splitlines()
+        assert lines[-1] == (
+            f"workbench: error: tracking server {server.url}: the login is missing (401); its "
+            f"writes are kept in {folder}: log in as alice (MLFLOW_TRACKING_USERNAME/PASSWORD) "
+            "and rerun `workbench runs sync`")
+        assert tree_digest(folder) == before  # not a byte dropped
+
+        bob = run_cli("runs", "sync", env={"MLFLOW_TRACKING_USERNAME": "bob",
+                                           "MLFLOW_TRACKING_PASSWORD": "bob-password-22"})
+        assert bob.returncode == 2, bob.stderr
+        assert bob.stderr.strip().splitlines()[-1].startswith(
+            f"workbench: error: tracking server {server.url}: the login bob may not write run "
+            f"{run_id} (403); its writes are kept in {folder}: log in as alice ")
+        assert tree_digest(folder) == before
+
+        alice = run_cli("runs", "sync", env={"MLFLOW_TRACKING_USERNAME": "alice",
+                                             "MLFLOW_TRACKING_PASSWORD": "alice-password-1"})
+        assert alice.returncode == 0, alice.stderr
+        assert f"synced {run_id}: 3 write(s) delivered" in alice.stdout
+        assert not folder.exists()
+        with logged_in("alice", "alice-password-1"):
+            stored = MlflowClient(server.url).get_run(run_id)
+            assert stored.info.status == "FINISHED"
+            assert stored.data.params == {"seed": "0"}
+            assert artifact_paths(MlflowClient(server.url), run_id) == {"model/model.zip"}
+    finally:
+        server.stop()
