@@ -6,20 +6,22 @@ in a SQLite database beside the store).
 from __future__ import annotations
 
 import configparser
-import contextlib
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
+from typing import Any
 
 import psutil
+from workbench import processes
 
 from tests.conftest import ROOT
 from tests.teamserver import free_port, logged_in
+
+START_TIMEOUT_S = 300.0  # importing MLflow on a loaded machine takes long; uvicorn is told so
+STOP_TIMEOUT_S = 30.0
 
 
 def session_processes(leader: int) -> list[psutil.Process]:
@@ -54,6 +56,7 @@ class MlflowServer:
         return folder
 
     def start(self) -> None:
+        """Serve :attr:`store`; returns once ``/health`` answers (fails with the log if not)."""
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         for key in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
             env.pop(key, None)
@@ -62,26 +65,20 @@ class MlflowServer:
             "--backend-store-uri", f"sqlite:///{self.store / 'server.db'}",
             "--serve-artifacts", "--artifacts-destination", (self.store / "artifacts").as_uri(),
             "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-            "--uvicorn-opts", "--timeout-worker-healthcheck 300",
+            # uvicorn kills a worker that misses a 5 s health ping while it imports MLflow.
+            "--uvicorn-opts", f"--timeout-worker-healthcheck {int(START_TIMEOUT_S)}",
         ]
         if self.auth:
             command += ["--app-name", "basic-auth"]
             env.update(MLFLOW_AUTH_CONFIG_PATH=str(self.auth_config()),
                        MLFLOW_AUTH_ADMIN_PASSWORD=self.admin_password,
                        MLFLOW_FLASK_SERVER_SECRET_KEY=secrets.token_urlsafe(16))
-        log = (self.root / "server.log").open("a")
-        self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=log, cwd=self.root,
-                                     start_new_session=True)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, (self.root / "server.log").read_text()[-2000:]
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as reply:
-                    if reply.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.3)
-        raise AssertionError("mlflow server did not start")
+        log = self.root / "server.log"
+        with log.open("a") as handle:
+            self.proc = subprocess.Popen(command, env=env, stdout=handle, stderr=handle,
+                                         cwd=self.root, start_new_session=True)
+        problem = processes.wait_until_healthy(self.url, self.proc, START_TIMEOUT_S)
+        assert problem is None, f"mlflow server {problem}:\n{log.read_text()[-2000:]}"
 
     def auth_config(self) -> Path:
         """MLflow's basic-auth config: users in SQLite beside the store, READ by default."""
@@ -99,10 +96,19 @@ class MlflowServer:
 
     def create_user(self, name: str, password: str) -> None:
         """An account, created by the admin through MLflow's auth client."""
+        with logged_in("admin", self.admin_password):
+            self.auth_client().create_user(name, password)
+
+    def change_password(self, name: str, password: str) -> None:
+        """The admin sets a new password (MLflow drops the old one from its login cache)."""
+        with logged_in("admin", self.admin_password):
+            self.auth_client().update_user_password(name, password)
+
+    def auth_client(self) -> Any:
+        """MLflow's basic-auth client for this server (the login comes from the environment)."""
         from mlflow.server import get_app_client
 
-        with logged_in("admin", self.admin_password):
-            get_app_client("basic-auth", tracking_uri=self.url).create_user(name, password)
+        return get_app_client("basic-auth", tracking_uri=self.url)
 
     def replace(self) -> None:
         """Stop, then serve a new, empty store on the same port (a server set up anew)."""
@@ -111,18 +117,10 @@ class MlflowServer:
         self.start()
 
     def stop(self) -> None:
+        """SIGTERM the server's process group (uvicorn workers included), SIGKILL what stays."""
         if self.proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        deadline = time.monotonic() + 30
-        while session_processes(self.proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        processes.terminate_group(self.proc.pid, STOP_TIMEOUT_S)
         self.proc = None
 
 
@@ -130,6 +128,8 @@ class MlflowServer:
 
 
 def start_training(tmp: Path, name: str, *overrides: str) -> tuple[psutil.Popen, Path, Path]:
+    """`python -m workbench train` in its own session, with this process's environment;
+    (process, stdout file, stderr file)."""
     out, err = tmp / f"{name}.out", tmp / f"{name}.err"
     proc = psutil.Popen([sys.executable, "-m", "workbench", "train", *overrides], cwd=ROOT,
                         start_new_session=True, stdout=out.open("w"), stderr=err.open("w"),
@@ -138,6 +138,7 @@ def start_training(tmp: Path, name: str, *overrides: str) -> tuple[psutil.Popen,
 
 
 def wait_text(path: Path, text: str, proc: psutil.Popen, timeout: float = 300) -> None:
+    """Wait until ``path`` (a training's output) holds ``text``; fail if the training ends."""
     deadline = time.monotonic() + timeout
     while text not in path.read_text():
         assert proc.poll() is None, path.with_suffix(".err").read_text()

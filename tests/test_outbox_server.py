@@ -2,7 +2,8 @@
 
 Real `mlflow server` processes (tests/mlflowserver.py): one replaced by an empty one while a
 real `workbench train` records into it, and after a training ended during an outage; one
-with MLflow's basic-auth app that refuses a wrong login or a user without permission.
+with MLflow's basic-auth app, where a training's password is changed mid-run and `runs sync`
+is tried with no login, the old password and a user without permission before the right one.
 """
 
 from __future__ import annotations
@@ -13,9 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
-from workbench.tracking import outbox, rejection
 from workbench.training import checkpoint
 
 from tests.mlflowserver import MlflowServer, start_training, wait_text
@@ -115,69 +114,81 @@ def tree_digest(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "lock"}
 
 
-def test_a_refused_login_keeps_every_write_until_sync_is_logged_in(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.fixture()
+def auth_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowServer]:
+    """A basic-auth server with two users; alice owns what she creates, bob may only read."""
     root = tmp_path / "server"
     root.mkdir()
-    server = MlflowServer(root, auth=True)
-    server.start()
+    running = MlflowServer(root, auth=True)
+    running.start()
     try:
-        server.create_user("alice", "alice-password-1")
-        server.create_user("bob", "bob-password-22")
-        experiments = tmp_path / "experiments"
-        monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(experiments))
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
-        with logged_in("alice", "alice-password-1"):
-            client = MlflowClient(server.url)
-            experiment_id = client.create_experiment("alice-exp")
-            run = client.create_run(experiment_id, run_name="alice-run")
-        run_id = run.info.run_id
-
-        # The live outbox with a wrong password (changed mid-run): every write is kept.
-        with logged_in("alice", "wrong-password"):
-            live = outbox.DeliveryClient(server.url, run_id, drain_timeout_s=3,
-                                         origin=rejection.origin_of(run, "alice-exp"))
-            live.log_batch(run_id, params=[Param("seed", "0")],
-                           metrics=[Metric("loss", 1.0, 1_700_000_000_000, 1)])
-            live.log_text(run_id, "weights", "model/model.zip")
-            live.set_terminated(run_id, "FINISHED")
-            assert live.close() == 3
-        err = capsys.readouterr().err
-        assert "refused the login" in err
-        assert (f"3 tracking writes of run {run_id} were not accepted: tracking server "
-                f"{server.url}: the login of alice was refused (401)") in err
-        assert err.rstrip().endswith("log in as alice (MLFLOW_TRACKING_USERNAME/PASSWORD) and "
-                                     "rerun `workbench runs sync`")
-        folder = experiments / "outbox" / run_id
-        before = tree_digest(folder)
-
-        refused = run_cli("runs", "sync")  # no login at all
-        assert refused.returncode == 2, refused.stderr
-        lines = refused.stderr.strip().splitlines()
-        assert lines[-1] == (
-            f"workbench: error: tracking server {server.url}: the login is missing (401); its "
-            f"writes are kept in {folder}: log in as alice (MLFLOW_TRACKING_USERNAME/PASSWORD) "
-            "and rerun `workbench runs sync`")
-        assert tree_digest(folder) == before  # not a byte dropped
-
-        bob = run_cli("runs", "sync", env={"MLFLOW_TRACKING_USERNAME": "bob",
-                                           "MLFLOW_TRACKING_PASSWORD": "bob-password-22"})
-        assert bob.returncode == 2, bob.stderr
-        assert bob.stderr.strip().splitlines()[-1].startswith(
-            f"workbench: error: tracking server {server.url}: the login bob may not write run "
-            f"{run_id} (403); its writes are kept in {folder}: log in as alice ")
-        assert tree_digest(folder) == before
-
-        alice = run_cli("runs", "sync", env={"MLFLOW_TRACKING_USERNAME": "alice",
-                                             "MLFLOW_TRACKING_PASSWORD": "alice-password-1"})
-        assert alice.returncode == 0, alice.stderr
-        assert f"synced {run_id}: 3 write(s) delivered" in alice.stdout
-        assert not folder.exists()
-        with logged_in("alice", "alice-password-1"):
-            stored = MlflowClient(server.url).get_run(run_id)
-            assert stored.info.status == "FINISHED"
-            assert stored.data.params == {"seed": "0"}
-            assert artifact_paths(MlflowClient(server.url), run_id) == {"model/model.zip"}
+        running.create_user("alice", "alice-password-1")
+        running.create_user("bob", "bob-password-22")
+        for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            monkeypatch.delenv(key, raising=False)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", running.url)
+        monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(tmp_path / "experiments"))
+        yield running
     finally:
-        server.stop()
+        running.stop()
+
+
+def login(user: str, password: str) -> dict[str, str]:
+    return {"MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": password}
+
+
+def test_a_refused_login_keeps_every_write_until_sync_is_logged_in(
+    auth_server: MlflowServer, tmp_path: Path
+) -> None:
+    # alice trains; mid-run her password is changed, so from then on the store answers 401.
+    with logged_in("alice", "alice-password-1"):
+        proc, out, err = start_training(tmp_path, "alice", *QUIET, "total_timesteps=1280")
+    wait_text(out, "| 256 steps |", proc)
+    proc.suspend()  # held while the password changes, so that it happens mid-run
+    auth_server.change_password("alice", "alice-password-2")
+    proc.resume()
+    assert proc.wait(timeout=900) == 0, err.read_text()
+    run_id = out.read_text().strip().splitlines()[-1]
+    folder = tmp_path / "experiments" / "outbox" / run_id
+    warned = err.read_text()
+    assert "refused the login" in warned
+    assert re.search(rf"\d+ tracking writes of run {run_id} were not accepted: tracking server "
+                     rf"{re.escape(auth_server.url)}: the login of alice was refused \(401\)",
+                     warned), warned
+    assert warned.rstrip().endswith("log in as alice (MLFLOW_TRACKING_USERNAME/PASSWORD) and "
+                                    "rerun `workbench runs sync`")
+    before = tree_digest(folder)
+    assert any(name.endswith("model.zip") for name in before)  # the model waits in the outbox
+    advice = (f"its writes are kept in {folder}: log in as alice "
+              "(MLFLOW_TRACKING_USERNAME/PASSWORD) and rerun `workbench runs sync`")
+
+    # No login, the old password, a user without permission: one line each, exit 2, and
+    # not a byte of the outbox dropped.
+    refusals = {
+        "no login": ({}, f"the login is missing (401); {advice}"),
+        "old password": (login("alice", "alice-password-1"),
+                         f"the login of alice was refused (401); {advice}"),
+        "bob": (login("bob", "bob-password-22"),
+                f"the login bob may not write run {run_id} (403); {advice}"),
+    }
+    for case, (env, problem) in refusals.items():
+        refused = run_cli("runs", "sync", env=env)
+        assert refused.returncode == 2, (case, refused.stderr)
+        assert refused.stderr.strip().splitlines() == [
+            f"workbench: error: tracking server {auth_server.url}: {problem}"], case
+        assert tree_digest(folder) == before, case
+
+    synced = run_cli("runs", "sync", env=login("alice", "alice-password-2"))
+    assert synced.returncode == 0, synced.stderr
+    assert re.search(rf"^synced {run_id}: [1-9]\d* write\(s\) delivered$", synced.stdout,
+                     re.MULTILINE), synced.stdout
+    assert not folder.exists()
+    with logged_in("alice", "alice-password-2"):
+        client = MlflowClient(auth_server.url)
+        run = client.get_run(run_id)
+        assert run.info.status == "FINISHED"
+        assert {"summary/eval_mean_reward", "eval/mean_reward"} <= set(run.data.metrics)
+        steps = sorted(m.step for m in client.get_metric_history(run_id, "rollout/ep_rew_mean"))
+        assert steps == list(range(128, 1281, 128))
+        assert "model/model.zip" in artifact_paths(client, run_id)
+        assert checkpoint.stored_checkpoints(client, run_id)[-1].step == 1280
