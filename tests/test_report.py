@@ -81,9 +81,15 @@ def test_report_content_of_a_real_sweep(sweep: reportdata.Sweep) -> None:
     rep = records.build_report(client, Selection(sweep_id=sweep.sweep_id), store=sweep.uri,
                               with_figures=False)  # the figures: the test above
     assert [r.run_id for r in rep.runs] == list(sweep.child_ids)  # oldest first, no parent
-    assert rep.description == (  # the sweep's grid, from its parent run's params
-        "Sweep tiny-grid on halfcheetah: num_envs [1, 2] × n_steps [64, 128] × seeds [0], "
-        "384 steps per point; parent run FINISHED.")
+    assert rep.description == (  # the grid of every attempt's points, the parent's status
+        "Sweep tiny-grid on halfcheetah: num_envs [1, 2] × n_steps [64, 128] × seed [0, 1], "
+        "8 point runs of 384 steps; parent run FINISHED.")
+    # MLflow's run page: the parent's description tells both attempts (seed 1 came later).
+    note = client.get_run(sweep.parent_id).data.tags["mlflow.note.content"]
+    assert note.startswith("Sweep tiny-grid on halfcheetah: num_envs [1, 2] x n_steps [64, 128] "
+                           "x seeds [0] = 4 points")
+    assert " Then: Sweep tiny-grid on halfcheetah: num_envs [1, 2] x n_steps [64, 128] x seeds "\
+           "[1] = 4 points" in note
     assert sorted(p.label for p in rep.points) == [
         "halfcheetah-ne1-ns128", "halfcheetah-ne1-ns64", "halfcheetah-ne2-ns128",
         "halfcheetah-ne2-ns64"]

@@ -318,21 +318,22 @@ def base_label(run: RunRecord) -> str:
     return re.sub(r"-s\d+$", "", run.tags.get(SWEEP_POINT) or run.name)
 
 
-def sweep_description(parent: Run) -> str:
-    """The parent run's description, else its grid in words (from the sweep's params)."""
-    note = parent.data.tags.get("mlflow.note.content")
-    if note:
-        return note
-    params = parent.data.params
-    grid = " × ".join(f"{key} {params[f'sweep.{key}']}" for key in ("num_envs", "n_steps", "seeds")
-                      if f"sweep.{key}" in params)
-    if not grid:
-        return ""
-    budget = params.get("sweep.total_timesteps")
-    steps = f", {budget} steps per point" if budget else ""
-    env = params.get("sweep.env") or parent.data.tags.get("env", "")
-    return (f"Sweep {parent.data.tags.get(SWEEP_ID, '')} on {env}: {grid}{steps}; parent run "
-            f"{parent.info.status}.")
+def sweep_description(parent: Run, runs: Sequence[RunRecord]) -> str:
+    """The sweep as its point runs show it (every attempt's points: one that added seeds
+    through ``sweep.id=`` included) and its parent's status."""
+    def values(tag: str) -> str:
+        found = {r.tags[tag] for r in runs if r.tags.get(tag)}
+        numbers = sorted(int(v) for v in found if v.isdigit())
+        return str(numbers if len(numbers) == len(found) else sorted(found))
+
+    if not runs:
+        return parent.data.tags.get("mlflow.note.content", "")
+    env = parent.data.params.get("sweep.env") or parent.data.tags.get("env", "")
+    grid = " × ".join(f"{tag} {values(tag)}" for tag in ("num_envs", "n_steps", "seed"))
+    budget = parent.data.params.get("sweep.total_timesteps")
+    steps = f" of {budget} steps" if budget else ""
+    return (f"Sweep {parent.data.tags.get(SWEEP_ID, '')} on {env}: {grid}, {len(runs)} point "
+            f"runs{steps}; parent run {parent.info.status}.")
 
 
 def check_ui_url(url: str) -> str:
@@ -378,7 +379,7 @@ def build_report(
     name = name or selection.default_name()
     if not NAME_PATTERN.match(name):
         raise ConfigError(f"name={name!r}: use letters, digits, '.', '_' and '-' only")
-    description = sweep_description(parent) if parent else ""
+    description = sweep_description(parent, runs) if parent else ""
     return Report(
         name=name,
         title=f"Report: {selection.describe()}",

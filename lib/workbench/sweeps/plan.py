@@ -131,7 +131,7 @@ class SweepPlan:
         """The parent run's description in MLflow's UI: the grid, the budget, the seeds."""
         grid = self.grid_params()
         shared = f"; overrides {' '.join(self.point_overrides)}" if self.point_overrides else ""
-        return (f"Sweep {self.name} on {self.env}: num_envs {grid['sweep.num_envs']} x "
+        return (f"Sweep {self.sweep_id} on {self.env}: num_envs {grid['sweep.num_envs']} x "
                 f"n_steps {grid['sweep.n_steps']} x seeds {grid['sweep.seeds']} = "
                 f"{len(self.points)} points of {self.total_timesteps} env steps each, "
                 f"{self.workers} worker(s) on {self.executor}{shared}.")

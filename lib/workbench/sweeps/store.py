@@ -65,6 +65,11 @@ def start_parent_run(client: MlflowClient, experiment_id: str, plan: SweepPlan) 
     if found:
         run_id = found[0].info.run_id
         client.update_run(run_id, status="RUNNING")
+        # `sweep.id=NAME` may extend the sweep (more seeds): the description says so.
+        note = found[0].data.tags.get("mlflow.note.content", "")
+        if plan.describe() not in note:
+            client.set_tag(run_id, "mlflow.note.content",
+                           scrub(f"{note} Then: {plan.describe()}" if note else plan.describe()))
         return run_id
     tags = {**command_source_tags(), "sweep_id": plan.sweep_id, "sweep.role": "parent",
             "env": plan.env, "mlflow.note.content": plan.describe()}
