@@ -198,6 +198,17 @@ def check_clip_fraction(
     )
 
 
+def finite_reward(metrics: Mapping[str, Series]) -> tuple[str, np.ndarray, np.ndarray] | None:
+    """The return series the reward checks judge (the first of ``REWARD_KEYS`` with at least
+    3 points): its key, and its steps and values without NaN/inf."""
+    key = next((k for k in REWARD_KEYS if k in metrics and len(metrics[k]) >= 3), None)
+    if key is None:
+        return None
+    s = metrics[key]
+    finite = np.isfinite(s.values)
+    return key, s.steps[finite], s.values[finite]
+
+
 def return_still_rising(metrics: Mapping[str, Series], from_step: int, limits: Thresholds
                         ) -> bool:
     """Whether the return kept improving from ``from_step`` to the end of the run.
@@ -209,12 +220,10 @@ def return_still_rising(metrics: Mapping[str, Series], from_step: int, limits: T
     last fifth minus the value at ``from_step``, over the return's scale, at least
     ``reward_flat_min_change``.
     """
-    key = next((k for k in REWARD_KEYS if k in metrics and len(metrics[k]) >= 3), None)
-    if key is None:
+    reward = finite_reward(metrics)
+    if reward is None:
         return False
-    s = metrics[key]
-    finite = np.isfinite(s.values)
-    steps, values = s.steps[finite], s.values[finite]
+    _, steps, values = reward
     after = values[steps >= from_step]
     if len(after) < 2:
         return False
@@ -297,13 +306,11 @@ def check_reward_flat(
     metrics: Mapping[str, Series], budget: int | None, limits: Thresholds
 ) -> Diagnostic | None:
     """No upward reward trend after a fair share of the budget."""
-    key = next((k for k in REWARD_KEYS if k in metrics and len(metrics[k]) >= 3), None)
-    if key is None:
+    reward = finite_reward(metrics)
+    if reward is None:
         return None
-    s = metrics[key]
-    finite = np.isfinite(s.values)
-    steps, values = s.steps[finite], s.values[finite]
-    total = budget or int(s.steps[-1])
+    key, steps, values = reward
+    total = budget or int(metrics[key].steps[-1])
     if len(values) < 3 or steps[-1] < limits.reward_flat_after_fraction * total:
         return None
     k = max(1, len(values) // 5)  # mean of the first and last fifth: robust to one noisy point

@@ -271,11 +271,8 @@ def check_listing(entries: Mapping[str, Path], index: BundleIndex, label: str) -
 
 def sha256(path: Path) -> str:
     """Hex SHA-256 of a file."""
-    digest = hashlib.sha256()
     with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def check_hashes(entries: Mapping[str, Path], index: BundleIndex, label: str) -> None:

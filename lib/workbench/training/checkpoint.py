@@ -118,11 +118,8 @@ def decode(tree: Any, arrays: dict[str, np.ndarray]) -> Any:
 
 def sha256(path: Path) -> str:
     """Hex SHA-256 of a file."""
-    digest = hashlib.sha256()
     with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def write_files(folder: Path, state: dict[str, Any], config_yaml: str) -> None:
