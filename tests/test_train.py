@@ -169,7 +169,6 @@ def test_python_m_workbench_is_the_same_program() -> None:
 PEAK_PROBE = """
 import sys
 from workbench.training import load_config, train
-from workbench.training.describe import run_source_tags, untested_defaults_note
 result = train(load_config(sys.argv[1:]))
 status = open("/proc/self/status").read()
 print(result.run_id, [int(line.split()[1]) for line in status.splitlines()

@@ -102,6 +102,10 @@ def test_sigterm_stops_every_process_and_frees_the_port(ui: Ui) -> None:
         assert time.monotonic() < deadline, [p.cmdline() for p in started if p.is_running()]
         time.sleep(0.2)
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", ui.port))  # free again
+        # Free again: nothing listens (connections the browser closed may linger in
+        # TIME_WAIT, which SO_REUSEADDR allows, as every server sets it).
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", ui.port))
+        probe.listen()
     err = ui.stderr.read_text()
     assert "Traceback" not in err and len(err.splitlines()) <= 3, err

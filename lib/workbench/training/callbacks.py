@@ -236,8 +236,12 @@ def tree_rss_bytes() -> int:
             # manifest's ``git``, started by ``subprocess`` with vfork): it shares this
             # process's pages, and a vfork child's PSS is the whole shared address space.
             # Env workers come from the forkserver and run its command line instead.
-            if process.cmdline() != own_command:
-                total += proportional_bytes(process)
+            # A child between fork and exec, or exiting, may show no command line at all;
+            # reading it again after the PSS closes the race with an exec in between.
+            if process.cmdline() not in (own_command, []):
+                pss = proportional_bytes(process)
+                if process.cmdline() not in (own_command, []):
+                    total += pss
     return total
 
 
