@@ -102,10 +102,14 @@ def setup_sweep(parser: argparse.ArgumentParser) -> Runner:
     """``workbench sweep [OVERRIDES]``."""
     add_overrides(parser, "env=hopper 'sweep.num_envs=[1,2,4]' 'sweep.n_steps=[128,256]' "
                           "'sweep.seeds=[0,1]' total_timesteps=50000")
-    from workbench.sweeps.sweep import run_sweep
+    from workbench.sweeps.sweep import ClusterLost, run_sweep
 
     def run(args: argparse.Namespace) -> int:
-        result = run_sweep(args.overrides)
+        try:
+            result = run_sweep(args.overrides)
+        except ClusterLost as exc:
+            print(f"workbench: {exc}", file=sys.stderr)
+            return EXIT_FAILED
         if result.failures:
             listed = ", ".join(f"{o.point} ({o.error})" for o in result.failures)
             print(f"workbench: {len(result.failures)} of {len(result.outcomes)} points did not "

@@ -25,6 +25,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import KVWriter
 
 from workbench.config import ConfigError
+from workbench.sweeps.point import point_tags_from_env
 from workbench.tracking.writer import LATE_PREFIXES, numeric_items
 from workbench.training.faults import TrainingInterrupted
 from workbench.training.trainer import summary_rows
@@ -105,10 +106,12 @@ class NotebookParameters:
         ]
 
     def run_tags(self) -> dict[str, str]:
-        """The sweep's child-run tags when executed by ``workbench sweep`` (else none)."""
+        """The sweep's child-run tags when executed by ``workbench sweep`` (else none), with
+        what the executor knows only where the point runs (e.g. ``ray.node_id``)."""
         if not self.sweep_id:
             return {}
-        return {"sweep_id": self.sweep_id, "sweep.role": "child", "sweep.point": self.point}
+        return {**point_tags_from_env(), "sweep_id": self.sweep_id, "sweep.role": "child",
+                "sweep.point": self.point}
 
     def run_info(self, notebook: str) -> dict[str, Any]:
         """The manifest's ``run`` section: notebook path, the parameters papermill injected

@@ -280,6 +280,7 @@ class RayConfig:
     """The Ray cluster that ``sweep.executor=ray`` submits points to."""
 
     address: str | None = None  # HOST:PORT of the head; None: RAY_ADDRESS, else "auto"
+    gpus_per_point: float = 0.0  # GPUs Ray gives each point (0.5: two share one); 0: none
 
 
 @dataclass

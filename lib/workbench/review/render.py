@@ -14,14 +14,15 @@ import re
 import shutil
 import tempfile
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from workbench.review.diagnostics import MIN_CPU_SAMPLES, Bottleneck, GpuHealth
-from workbench.review.records import EnvironmentFacts, FigureFile, Point, Report
+from workbench.review.records import EnvironmentFacts, FigureFile, Point, Report, RunRecord
 from workbench.review.scaling import Ladder
+from workbench.review.selection import RAY_HOSTNAME, RAY_NODE_ID, RAY_NODE_IP
 from workbench.review.statistics import BOOTSTRAP_REPS
 
 # Characters with a meaning in Markdown (CommonMark and GitHub's: links, emphasis, code, tables,
@@ -333,16 +334,47 @@ def environment_blocks(env: EnvironmentFacts) -> list[Block]:
 
 
 def run_blocks(report: Report) -> list[Block]:
-    """Every run shown, with a link to its MLflow page."""
+    """Every run shown, with a link to its MLflow page (and the Ray node it ran on, for runs
+    of a Ray sweep: select one node's runs with ``--tag ray.node_id=ID``)."""
+    on_ray = any(RAY_NODE_ID in r.tags for r in report.runs)
     rows = tuple(
         (Link(r.name, report.run_url(r)), r.run_id, r.status,
          datetime.fromtimestamp(r.start_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S"),
-         fmt(r.final_reward, ".1f"), r.tags.get("mlflow.note.content", ""))
+         fmt(r.final_reward, ".1f"), *((ray_node(r.tags),) if on_ray else ()),
+         r.tags.get("mlflow.note.content", ""))
         for r in report.runs
     )
-    return [Block("h2", "Runs"),
-            Block("table", headers=("run", "run id", "status", "started (UTC)",
-                                    "final eval reward", "description"), rows=rows)]
+    headers = ("run", "run id", "status", "started (UTC)", "final eval reward",
+               *(("Ray node",) if on_ray else ()), "description")
+    blocks = [Block("h2", "Runs"), Block("table", headers=headers, rows=rows)]
+    return blocks + (ray_node_blocks(report) if on_ray else [])
+
+
+def ray_node_blocks(report: Report) -> list[Block]:
+    """The runs grouped by the Ray node they ran on: how many, how they ended, their mean
+    training fps; a node whose runs end KILLED or run slower than the others' stands out."""
+    by_node: dict[str, list[RunRecord]] = {}
+    for run in report.runs:
+        by_node.setdefault(ray_node(run.tags), []).append(run)
+    rows = []
+    for node, runs in sorted(by_node.items()):
+        statuses = sorted({r.status for r in runs})
+        counts = ", ".join(f"{sum(r.status == s for r in runs)} {s}" for s in statuses)
+        fps = [v for r in runs if math.isfinite(v := r.last("summary/fps"))]
+        rows.append((node, str(len(runs)), counts,
+                     fmt(sum(fps) / len(fps) if fps else math.nan, ".0f")))
+    return [Block("h3", "Runs per Ray node"),
+            Block("table", headers=("Ray node", "runs", "statuses", "mean fps"),
+                  rows=tuple(rows))]
+
+
+def ray_node(tags: Mapping[str, str]) -> str:
+    """``<ip> (<hostname>) <node id>`` of a Ray sweep's point, ``-`` for other runs."""
+    node_id = tags.get(RAY_NODE_ID)
+    if not node_id:
+        return "-"
+    host = tags.get(RAY_HOSTNAME)
+    return f"{tags.get(RAY_NODE_IP, '?')}{f' ({host})' if host else ''} {node_id}"
 
 
 # --------------------------------------------------------------------------- HTML

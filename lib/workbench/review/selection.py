@@ -20,6 +20,8 @@ if TYPE_CHECKING:  # mlflow and matplotlib load on use: `workbench --help` stays
     from mlflow.tracking import MlflowClient
 
 SWEEP_ID, SWEEP_ROLE, SWEEP_POINT = "sweep_id", "sweep.role", "sweep.point"  # sweep run tags
+# Where a point of a Ray sweep ran (tags set by workbench.sweeps.ray_cluster).
+RAY_NODE_ID, RAY_NODE_IP, RAY_HOSTNAME = "ray.node_id", "ray.node_ip", "ray.hostname"
 
 
 @dataclass(frozen=True)

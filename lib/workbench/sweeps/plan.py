@@ -21,6 +21,7 @@ from typing import Any
 from workbench import config, paths
 from workbench.config import ConfigError, SweepConfig, WorkbenchConfig
 from workbench.envs.checks import check_config
+from workbench.tracking.redaction import URI_PASSWORD, redact_uri
 from workbench.tracking.store import (
     resolve_tracking_uri,
 )
@@ -105,6 +106,7 @@ class SweepPlan:
     timeout: float | None
     executor: str
     ray_address: str | None
+    ray_gpus_per_point: float
     tracking_uri: str
     experiment: str
     out_dir: Path  # experiments/sweeps/<sweep_id>: executed notebooks
@@ -155,6 +157,9 @@ def plan_sweep(overrides: Sequence[str]) -> SweepPlan:
     if sweep.overrides:
         typed = compose_typed(point_overrides)  # what the points compose, checked once here
     check_sweep_settings(sweep)
+    tracking_uri = resolve_tracking_uri(typed.tracking.uri)
+    if sweep.executor == "ray":
+        check_no_password_travels(tracking_uri)
     check_config(typed)  # the env checks, once: every point shares env.id, kwargs, randomization
     points = expand_grid(sweep, typed.env.name)
     invalid = invalid_points(typed, points)
@@ -173,7 +178,8 @@ def plan_sweep(overrides: Sequence[str]) -> SweepPlan:
         timeout=sweep.timeout,
         executor=sweep.executor,
         ray_address=sweep.ray.address,
-        tracking_uri=resolve_tracking_uri(typed.tracking.uri),
+        ray_gpus_per_point=sweep.ray.gpus_per_point,
+        tracking_uri=tracking_uri,
         experiment=typed.tracking.experiment,
         out_dir=paths.experiments_dir() / "sweeps" / sweep_id,
         invalid=invalid,
@@ -228,6 +234,28 @@ def check_sweep_settings(sweep: SweepConfig) -> None:
         raise ConfigError(f"sweep.id={sweep.id!r}: use letters, digits, '_', '.', '-' only")
     if not SWEEP_ID_PATTERN.match(sweep.name):
         raise ConfigError(f"sweep.name={sweep.name!r}: use letters, digits, '_', '.', '-' only")
+    if sweep.ray.gpus_per_point < 0:
+        raise ConfigError(f"sweep.ray.gpus_per_point={sweep.ray.gpus_per_point:g}: must be >= 0 "
+                          "(0: the points get no GPU from Ray)")
+
+
+def check_no_password_travels(tracking_uri: str, executor_key: str = "sweep.executor") -> None:
+    """Refuse a tracking URI with a password for a Ray sweep (or study).
+
+    The URI is part of every point's task, and Ray keeps task specs where its dashboard,
+    logs and state API show them; the login belongs in each node's environment instead.
+    """
+    refuse_password_on_ray(
+        f"tracking.uri={redact_uri(tracking_uri)}", tracking_uri,
+        f"with {executor_key}=ray the URI travels in every Ray task, password included; remove "
+        "the login from the URI and export MLFLOW_TRACKING_USERNAME and "
+        "MLFLOW_TRACKING_PASSWORD on every node before `ray start` (and where the sweep runs)")
+
+
+def refuse_password_on_ray(setting: str, url: str, why_and_fix: str) -> None:
+    """One line naming ``setting`` (already redacted) when ``url`` holds a password."""
+    if URI_PASSWORD.search(url):
+        raise ConfigError(f"{setting}: {why_and_fix}")
 
 
 def invalid_points(typed: WorkbenchConfig, points: Sequence[Point]) -> dict[str, str]:

@@ -4,17 +4,18 @@ Failure isolation: a notebook error, a dead kernel or ``sweep.timeout`` marks th
 FAILED (the error in the child run's ``error`` tag; a run left RUNNING by a dead kernel is
 closed), keeps its executed notebook with the failing cell marked, and the other points go
 on. The same :func:`execute_point` runs locally and as a Ray task
-(:func:`execute_point_remote`).
+(:mod:`workbench.sweeps.ray_cluster`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,14 @@ KERNEL_START_TIMEOUT_S = 180  # a busy machine can take a while to import torch 
 STOP_GRACE_S = 15.0  # after SIGINT, a kernel gets this long to mark its run and close its envs
 FINISHED, FAILED, KILLED, SKIPPED = "FINISHED", "FAILED", "KILLED", "SKIPPED"
 POINT_ARTIFACTS = "point"  # a point run's executed notebook and kernel log
+# Tags known only where the point runs (the Ray node), as a JSON object in the kernel's
+# environment; the notebook adds them to the point's run (workbench.notebook).
+POINT_TAGS_ENV = "WORKBENCH_POINT_TAGS"
+RAY_NODE_ID, RAY_NODE_IP, RAY_HOSTNAME = "ray.node_id", "ray.node_ip", "ray.hostname"
+
+
+class ClusterLost(RuntimeError):
+    """The machines running the points are gone (a Ray head that stopped answering)."""
 
 
 @dataclass(frozen=True)
@@ -67,14 +76,18 @@ class PointOutcome:
     notebook: str | None = None  # where its executed notebook is kept
     notebook_json: str | None = None  # the executed notebook, carried back from a Ray worker
     note: str | None = None  # something to know about a FINISHED point
+    log_text: str | None = None  # the kernel's own output, carried back from a Ray worker
 
     @property
     def ok(self) -> bool:
         return self.status in (FINISHED, SKIPPED)
 
     def record(self) -> dict[str, Any]:
-        """The outcome for ``sweep_results.json`` (without the notebook itself)."""
-        return {k: v for k, v in asdict(self).items() if k != "notebook_json"}
+        """The outcome for ``sweep_results.json`` (without the notebook and log themselves)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("notebook_json", "log_text")}
+
+
+Report = Callable[[PointOutcome], None]  # an executor's callback, once per finished point
 
 
 def point_specs(plan: SweepPlan, points: Sequence[Point], parent_id: str, experiment_id: str,
@@ -125,6 +138,20 @@ def point_environment(spec: PointSpec) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_RUN_ID"}
     env.update(spec.env_vars)
     return env
+
+
+def point_tags_from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The tags an executor put in ``WORKBENCH_POINT_TAGS`` for this point's run (e.g. the Ray
+    node it runs on); none when unset. Only a JSON object of strings is accepted: anything
+    else is ignored rather than trusted."""
+    raw = (os.environ if environ is None else environ).get(POINT_TAGS_ENV, "")
+    try:
+        tags = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    if not isinstance(tags, dict):
+        return {}
+    return {k: v for k, v in tags.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 class PointKernel:
@@ -215,15 +242,16 @@ def execute_point(spec: PointSpec, output: Path, kernel: PointKernel | None = No
     failing point (the outcome says FAILED), so one point cannot stop the sweep.
 
     Idempotent: a point that already has a FINISHED child run is not run again (a retried
-    Ray task, a resumed sweep), and runs left RUNNING by a dead earlier attempt are closed.
+    Ray task, a resumed sweep), and runs left RUNNING by a dead earlier attempt are closed
+    KILLED, with the reason in their ``error`` tag.
     """
     started = time.time()
     client = MlflowClient(spec.tracking_uri)
     done = point_runs(client, spec, status=FINISHED)
     if done:
         return outcome_from_run(spec.point, SKIPPED, done[0], notebook=str(output))
-    close_runs(client, point_runs(client, spec, status="RUNNING"), FAILED,
-               "abandoned: the sweep process that ran this point stopped before it ended")
+    for earlier in point_runs(client, spec, status="RUNNING"):
+        close_runs(client, [earlier], KILLED, abandoned_reason(earlier, spec))
     kernel = kernel or PointKernel(point_environment(spec), output.with_suffix(".log"))
     output.parent.mkdir(parents=True, exist_ok=True)
     watchdog = None
@@ -367,6 +395,18 @@ def point_runs(client: MlflowClient, spec: PointSpec, status: str | None = None,
     return runs
 
 
+def abandoned_reason(run: Run, spec: PointSpec) -> str:
+    """Why an earlier attempt's RUNNING run is closed as the point starts again."""
+    tags = run.data.tags
+    if RAY_NODE_ID not in tags:
+        return ("killed: abandoned, the sweep process that ran this point stopped before it "
+                "ended; the point was run again")
+    retried = (f" on node {spec.tags.get(RAY_NODE_IP, '?')} {spec.tags[RAY_NODE_ID]}"
+               if RAY_NODE_ID in spec.tags else "")
+    return (f"killed: the Ray worker or node that ran this attempt died (node "
+            f"{tags.get(RAY_NODE_IP, '?')} {tags[RAY_NODE_ID]}); Ray retried the point{retried}")
+
+
 def close_runs(client: MlflowClient, runs: Iterable[Run], status: str, error: str) -> None:
     """Terminate runs with ``status`` and the error in their ``error`` tag."""
     for run in runs:
@@ -375,12 +415,14 @@ def close_runs(client: MlflowClient, runs: Iterable[Run], status: str, error: st
 
 
 def settle_runs(client: MlflowClient, spec: PointSpec, started: float, error: str | None,
-                status: str) -> Run | None:
+                status: str, record_missing: bool = True) -> Run | None:
     """Make the point's MLflow record truthful after its execution; returns its run.
 
-    A kernel that died left its run RUNNING; a timed-out kernel's run was marked KILLED by
-    ``train`` on the SIGINT: both become ``status`` with the error. A point that failed before
-    ``train`` created a run (a bad parameter, a config error) gets a run recording the error.
+    Only the runs created since ``started`` (this attempt's) are touched. A kernel that died
+    left its run RUNNING; a timed-out kernel's run was marked KILLED by ``train`` on the
+    SIGINT: both become ``status`` with the error. A point that failed before ``train``
+    created a run (a bad parameter, a config error) gets a run recording the error, unless
+    ``record_missing`` is false (a point that never started).
     """
     runs = point_runs(client, spec, since=started)
     if error is None:
@@ -390,6 +432,8 @@ def settle_runs(client: MlflowClient, spec: PointSpec, started: float, error: st
     close_runs(client, stale, status, error)
     if runs:
         return client.get_run(runs[0].info.run_id)
+    if not record_missing:
+        return None
     tags = {**spec.tags, "sweep_id": spec.sweep_id, "sweep.role": "child",
             "sweep.point": spec.point, "mlflow.parentRunId": spec.parent_run_id,
             "error": truncate(scrub_command(error), 5000)}
@@ -415,16 +459,3 @@ def outcome_from_run(point: str, status: str, run: Run, wall_s: float | None = N
         setup_s=(run.info.start_time / 1000.0 - started) if started else None,
         notebook=notebook,
     )
-
-
-def execute_point_remote(spec: PointSpec) -> PointOutcome:
-    """A point as a Ray task: executed into a temporary folder on the worker; the notebook
-    travels back in the outcome, and the driver keeps it under experiments/sweeps/."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="workbench-point-") as tmp:
-        output = Path(tmp) / f"{spec.point}.ipynb"
-        outcome = execute_point(spec, output)
-        if output.exists():
-            outcome.notebook_json = output.read_text()
-    return outcome

@@ -22,7 +22,9 @@ Properties:
 - **SQLite**: the store is created and migrated, and switched to write-ahead logging, once
   before the points fan out; MLflow itself sets a busy timeout on every SQLite session.
 - **Ray**: ``sweep.executor=ray`` runs the same ``execute_point`` as Ray tasks on an existing
-  cluster; a retried task first looks for its point's FINISHED run (no duplicates).
+  cluster; a retried task first looks for its point's FINISHED run (no duplicates); a head
+  that stops answering ends the sweep with :class:`ClusterLost`, its runs closed
+  (:mod:`workbench.sweeps.ray_cluster`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from workbench.sweeps.point import (
     FINISHED,
     KILLED,
     SKIPPED,
+    ClusterLost,
     PointOutcome,
     outcome_from_run,
     point_specs,
@@ -81,8 +84,10 @@ class SweepResult:
 def run_sweep(overrides: Sequence[str]) -> SweepResult:
     """Plan, prepare the store, run the points, close the parent run, print the table.
 
-    Raises :class:`ConfigError` for a bad request (before anything is written) and
-    ``KeyboardInterrupt`` when stopped (running points are stopped and marked KILLED).
+    Raises :class:`ConfigError` for a bad request (before anything is written),
+    ``KeyboardInterrupt`` when stopped (running points are stopped and marked KILLED) and
+    :class:`ClusterLost` when the Ray head stops answering (the same, then the parent run is
+    closed FAILED).
     """
     plan = plan_sweep(overrides)
     executor = make_executor(plan)
@@ -107,6 +112,7 @@ def sweep_with(plan: SweepPlan, executor: Executor) -> SweepResult:
     print_plan(plan, executor, parent_id, len(todo), len(outcomes))
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     status = None
+    lost: ClusterLost | None = None
     with progress_bar(len(todo), plan.sweep_id) as report:
         def record(outcome: PointOutcome) -> None:
             outcomes[outcome.point] = outcome
@@ -116,6 +122,8 @@ def sweep_with(plan: SweepPlan, executor: Executor) -> SweepResult:
             executor.run(specs, plan.out_dir, record)
         except KeyboardInterrupt:
             status = KILLED
+        except ClusterLost as exc:
+            status, lost = FAILED, exc
     ordered = [outcomes[p.name] for p in plan.points if p.name in outcomes]
     wall = time.perf_counter() - started
     status = finish_parent(client, parent_id, ordered, wall, status)
@@ -123,6 +131,12 @@ def sweep_with(plan: SweepPlan, executor: Executor) -> SweepResult:
     print_results(result, plan)
     if status == KILLED:
         raise KeyboardInterrupt
+    if lost is not None:
+        unfinished = len(plan.points) - sum(o.ok for o in ordered)
+        raise ClusterLost(
+            f"{lost}: {unfinished} of {len(plan.points)} points did not finish (runs in flight "
+            "closed KILLED); restart the cluster and run the same command again to resume "
+            "(FINISHED points are skipped)") from lost
     return result
 
 

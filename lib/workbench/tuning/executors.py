@@ -11,19 +11,24 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from workbench.envs.cores import cpu_budget
-from workbench.sweeps.executors import RayExecutor
 from workbench.sweeps.point import (
     PointKernel,
     PointOutcome,
     PointSpec,
     execute_point,
-    execute_point_remote,
     point_environment,
+)
+from workbench.sweeps.ray_cluster import (
+    MAX_RETRIES,
+    RayExecutor,
+    Submitted,
+    execute_point_remote,
 )
 
 
@@ -89,14 +94,16 @@ class LocalTrials:
 
 class RayTrials:
     """Trials as Ray tasks on an existing cluster (``tune.ray.address``), through the
-    sweep's Ray executor: the connection, retries without duplicate runs, and executed
-    notebooks carried back to this machine."""
+    sweep's Ray executor: the connection, spreading over the nodes, each trial's run tagged
+    with its node, retries without duplicate runs, and executed notebooks carried back to
+    this machine."""
 
-    def __init__(self, workers: int, address: str | None) -> None:
-        self.ray = RayExecutor(workers, address)  # connects; an unreachable head: exit 2
+    def __init__(self, workers: int, address: str | None, gpus_per_trial: float = 0.0) -> None:
+        # Connects; an unreachable head, or one on which no trial fits: exit 2.
+        self.ray = RayExecutor(workers, address, gpus_per_trial)
         self.workers = self.ray.workers
         self.cpus_per_trial = self.ray.cpus_per_point
-        self.inflight: dict[Any, tuple[PointSpec, Path]] = {}
+        self.inflight: dict[Any, tuple[Submitted, Path]] = {}
 
     def describe(self) -> str:
         return self.ray.describe().replace("points", "trials")
@@ -105,10 +112,12 @@ class RayTrials:
         import ray
 
         task = ray.remote(execute_point_remote).options(
-            num_cpus=self.cpus_per_trial, max_retries=2, retry_exceptions=False,
+            num_cpus=self.cpus_per_trial, num_gpus=self.ray.gpus_per_point,
+            max_retries=MAX_RETRIES, retry_exceptions=False, scheduling_strategy="SPREAD",
             name=f"workbench-tune:{spec.sweep_id}:{spec.point}")
+        submitted = Submitted(spec, time.time())
         ref = task.remote(spec)
-        self.inflight[ref] = (spec, output.parent)
+        self.inflight[ref] = (submitted, output.parent)
         return ref
 
     def wait(self, handles: Sequence[Any]) -> list[Any]:
@@ -118,8 +127,8 @@ class RayTrials:
         return list(ready)
 
     def result(self, handle: Any) -> PointOutcome:
-        spec, out_dir = self.inflight.pop(handle)
-        return RayExecutor.collect(handle, spec, out_dir)
+        submitted, out_dir = self.inflight.pop(handle)
+        return RayExecutor.collect(handle, submitted, out_dir)
 
     def interrupt(self) -> None:
         import ray
@@ -132,8 +141,9 @@ class RayTrials:
         self.ray.close()
 
 
-def make_backend(executor: str, workers: int, ray_address: str | None) -> TrialBackend:
+def make_backend(executor: str, workers: int, ray_address: str | None,
+                 gpus_per_trial: float = 0.0) -> TrialBackend:
     """The backend ``tune.executor`` names (Ray connects here, before anything is written)."""
     if executor == "ray":
-        return RayTrials(workers, ray_address)
+        return RayTrials(workers, ray_address, gpus_per_trial)
     return LocalTrials(workers)

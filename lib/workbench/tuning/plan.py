@@ -22,7 +22,13 @@ from pathlib import Path
 from workbench import config, paths
 from workbench.config import ConfigError, TuneConfig, WorkbenchConfig
 from workbench.envs.checks import check_config
-from workbench.sweeps.plan import compose_typed, override_key
+from workbench.sweeps.plan import (
+    check_no_password_travels,
+    compose_typed,
+    override_key,
+    refuse_password_on_ray,
+)
+from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import resolve_tracking_uri
 from workbench.tuning.objectives import Objective
 from workbench.tuning.space import SearchSpace, largest_rollout, parse_space
@@ -111,12 +117,31 @@ def plan_tune(overrides: Sequence[str], n_trials: int | None = None) -> TunePlan
         raise ConfigError(f"--n-trials {total}: must be >= 1")
     if str(tune.sampler) == "grid":
         total = min(total, space.grid_size())
+    if tune.ray.gpus_per_point < 0:
+        raise ConfigError(f"tune.ray.gpus_per_point={tune.ray.gpus_per_point:g}: must be >= 0 "
+                          "(0: the trials get no GPU from Ray)")
+    on_ray = str(tune.executor) == "ray"
+    if on_ray:
+        check_no_password_travels(tracking_uri, "tune.executor")
+    storage = storage_url(tune.storage, tracking_uri)
+    if on_ray:
+        check_no_password_in_storage(storage)
     return TunePlan(
         study=study, env=base.env.name, space=space, objective=objective, settings=tune,
         n_trials=total, base=base, point_overrides=point_overrides, tracking_uri=tracking_uri,
-        experiment=base.tracking.experiment, storage=storage_url(tune.storage, tracking_uri),
+        experiment=base.tracking.experiment, storage=storage,
         out_dir=paths.experiments_dir() / "tuning" / study,
     )
+
+
+def check_no_password_in_storage(storage: str) -> None:
+    """A Ray study's trials carry the storage URL in their Ray tasks (specs Ray shows in its
+    dashboard and state API): it may hold no password."""
+    refuse_password_on_ray(
+        f"tune.storage={redact_uri(storage)}", storage,
+        "with tune.executor=ray the storage URL travels in every Ray task, password included; "
+        "remove the password from the URL and give it to every node through its environment "
+        "before `ray start` (PostgreSQL: PGPASSWORD or ~/.pgpass)")
 
 
 def is_study_override(text: str) -> bool:

@@ -111,7 +111,8 @@ def run_tune(overrides: Sequence[str], n_trials: int | None = None) -> TuneResul
     """
     quiet_optuna()
     plan = plan_tune(overrides, n_trials)
-    backend = make_backend(str(plan.settings.executor), plan.settings.workers, plan.ray_address)
+    backend = make_backend(str(plan.settings.executor), plan.settings.workers, plan.ray_address,
+                           plan.settings.ray.gpus_per_point)
     try:
         return tune_with(plan, backend)
     finally:

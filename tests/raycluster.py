@@ -1,0 +1,221 @@
+"""A real multi-node Ray cluster on this machine: one ``ray start --block`` process per node.
+
+Each node is its own ``ray start`` process in its own session, with its own temp dir, ports,
+CPU budget, custom resource (``node_<name>``, so a test can tell where a task ran) and
+environment (team-mode credentials go to a node exactly as a user would export them before
+``ray start``). Every process a node starts (GCS, raylet, agents, Ray workers, and the
+papermill kernels the workers start in sessions of their own) inherits the marker variable
+``WORKBENCH_TEST_RAY=<cluster root>``, so :meth:`RayCluster.processes` finds all of them and
+:meth:`RayCluster.stop` leaves no orphan behind, even when a test fails.
+
+(``ray stop`` is never used: it would stop every Ray process on the machine, other users'
+clusters too.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+MARKER = "WORKBENCH_TEST_RAY"
+NODE_MARKER = "WORKBENCH_TEST_RAY_NODE"  # which node a process belongs to
+RAY = str(Path(sys.executable).parent / "ray")
+START_TIMEOUT_S = 180.0  # a loaded 2-core machine can take a while to start a raylet
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def marked_processes(marker: str, node: str | None = None) -> list[psutil.Process]:
+    """Live processes whose environment carries ``WORKBENCH_TEST_RAY=marker`` (and
+    ``WORKBENCH_TEST_RAY_NODE=node``, when given)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            environ = proc.environ()
+            if (proc.status() != psutil.STATUS_ZOMBIE and environ.get(MARKER) == marker
+                    and node in (None, environ.get(NODE_MARKER))):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+class RayNode:
+    """One node: ``ray start [--head] --block`` in its own session."""
+
+    def __init__(self, root: Path, name: str, attempt: int, *, num_cpus: int,
+                 head_address: str | None, env: Mapping[str, str]) -> None:
+        self.name = name
+        self.head = head_address is None
+        label = f"{name}{attempt}"
+        self.temp_dir = root / label  # short: Ray puts Unix sockets under it (107 characters)
+        self.temp_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = root / f"{label}.log"
+        self.port = free_port() if self.head else None
+        self.dashboard_port = free_port() if self.head else None
+        args = [RAY, "start", "--block", "--node-ip-address=127.0.0.1",
+                f"--num-cpus={num_cpus}", f"--resources={json.dumps({f'node_{name}': 1})}",
+                f"--temp-dir={self.temp_dir}", "--disable-usage-stats",
+                "--object-store-memory=80000000", "--min-worker-port=0", "--max-worker-port=0",
+                *(f"--{flag}={free_port()}" for flag in (
+                    "node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
+                    "dashboard-agent-grpc-port", "runtime-env-agent-port",
+                    "metrics-export-port"))]
+        if self.head:
+            # The dashboard serves the state API (ray.util.state) the tests read.
+            args += ["--head", f"--port={self.port}", "--include-dashboard=true",
+                     "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
+                     f"--ray-client-server-port={free_port()}"]  # not the fixed 10001
+        else:
+            # One log monitor per machine is enough (the head's); nothing streams logs here.
+            args += [f"--address={head_address}", "--include-log-monitor=false"]
+        with self.log_path.open("w") as log:
+            self.process = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**env, NODE_MARKER: name, "RAY_USAGE_STATS_ENABLED": "0"})
+
+    def wait_started(self, timeout_s: float = START_TIMEOUT_S) -> bool:
+        """True once the node is up; False if it exited (or timed out) while starting."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.process.poll() is None:
+            if "Ray runtime started" in self.log_path.read_text():
+                return True
+            time.sleep(0.5)
+        return False
+
+    def kill(self) -> None:
+        """SIGKILL the node's process group at once: ``ray start``, its raylet, its agents, its
+        Ray workers; the kernels (own sessions) are left to notice that their worker died."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        """SIGTERM (``ray start --block`` stops its node), SIGKILL when that is not enough."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # SIGTERM is only handled once startup finished
+                self.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # anything left in its group
+
+
+class RayCluster:
+    """A head (``head_cpus``) plus worker nodes, each a :class:`RayNode`."""
+
+    def __init__(self, workers: Mapping[str, int], *, head_cpus: int = 0,
+                 env: Mapping[str, str] | None = None,
+                 worker_env: Mapping[str, Mapping[str, str]] | None = None) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="wbray", dir="/tmp"))
+        self.marker = str(self.root)
+        self.base_env = {**(env if env is not None else os.environ), MARKER: self.marker}
+        self.nodes: dict[str, RayNode] = {}
+        try:
+            self.head = self.start_node("head", head_cpus, {})
+            # One at a time: on a loaded machine, nodes starting together starve each other.
+            for name, cpus in workers.items():
+                self.start_node(name, cpus, (worker_env or {}).get(name, {}))
+        except BaseException:
+            self.stop()
+            self.remove()
+            raise
+
+    def new_node(self, name: str, cpus: int, extra_env: Mapping[str, str],
+                 attempt: int) -> RayNode:
+        return RayNode(self.root, name, attempt, num_cpus=cpus,
+                       head_address=None if name == "head" else self.address,
+                       env={**self.base_env, **extra_env})
+
+    def start_node(self, name: str, cpus: int, extra_env: Mapping[str, str]) -> RayNode:
+        """Start a node, up to 3 attempts: on a loaded machine a raylet can die at start-up
+        (its wait for the dashboard agent's port file has a fixed timeout)."""
+        for attempt in range(3):
+            node = self.nodes[name] = self.new_node(name, cpus, extra_env, attempt)
+            if node.wait_started():
+                return node
+            node.stop()
+        raylet = sorted(node.temp_dir.glob("session_*/logs/raylet.out"))
+        raise RuntimeError(f"Ray node {name} did not start in 3 attempts:\n"
+                           + node.log_path.read_text()[-2000:] + "\nraylet.out: "
+                           + (raylet[-1].read_text()[-1500:] if raylet else "(none)"))
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.head.port}"
+
+    @property
+    def dashboard(self) -> str:
+        return f"http://127.0.0.1:{self.head.dashboard_port}"
+
+    def node_ids(self, timeout_s: float = 60.0) -> dict[str, tuple[str, str]]:
+        """Ray node id -> (node name, node IP) of the live nodes, from the state API (the name
+        is each node's custom resource)."""
+        from ray.util.state import list_nodes
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = {}
+            for node in list_nodes(address=self.dashboard, detail=True):
+                if node.state != "ALIVE":
+                    continue
+                names = [r.removeprefix("node_") for r in node.resources_total
+                         if r.startswith("node_")]
+                found[node.node_id] = (names[0] if names else "?", node.node_ip)
+            if len(found) == len(self.nodes) or time.monotonic() > deadline:
+                return found
+            time.sleep(1)
+
+    def processes(self) -> list[psutil.Process]:
+        """Every live process of this cluster (kernels started by its workers included)."""
+        return marked_processes(self.marker)
+
+    def processes_of(self, node: str) -> list[psutil.Process]:
+        """Every live process of one node (kernels started by its workers included)."""
+        return marked_processes(self.marker, node)
+
+    def state(self, what: str) -> list[Any]:
+        """A state API listing (``tasks``, ``jobs``, ``workers``...) with every detail."""
+        from ray.util import state
+
+        return list(getattr(state, f"list_{what}")(address=self.dashboard, detail=True,
+                                                    limit=10000, raise_on_missing_output=False))
+
+    def stop(self, timeout_s: float = 60.0) -> list[str]:
+        """Stop every node; returns the processes still alive afterwards (none expected)."""
+        for node in reversed(list(self.nodes.values())):
+            node.stop()
+        deadline = time.monotonic() + timeout_s
+        left = self.processes()
+        while left and time.monotonic() < deadline:
+            time.sleep(1)
+            left = self.processes()
+        described = []
+        for proc in left:  # the test fails on them, but they must not outlive it
+            try:
+                described.append(f"{proc.pid}: {' '.join(proc.cmdline())}")
+                proc.kill()
+            except psutil.NoSuchProcess:
+                continue
+        return described
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
