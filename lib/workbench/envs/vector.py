@@ -67,7 +67,10 @@ def make_eval_env(
     return venv
 
 
-def make_env(spec: EnvSpec) -> Any:
-    """One raw gymnasium env as training built it (same id, kwargs and time limit)."""
+def make_env(spec: EnvSpec, video: VideoSettings | None = None) -> Any:
+    """One raw gymnasium env as training built it (same id, kwargs and time limit); with
+    ``video`` it renders frames (the export's replay video)."""
     mujoco_log.route_warnings()
-    return gymnasium.make(robots.importable_id(spec.env_id), **spec.env_kwargs())
+    env_id = robots.importable_id(spec.env_id)
+    rendering = render_kwargs(env_id, video) if video else {}
+    return gymnasium.make(env_id, **spec.env_kwargs(), **rendering)
