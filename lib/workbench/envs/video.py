@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import importlib
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -93,6 +94,10 @@ def render_kwargs(env_id: str, settings: VideoSettings) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"render_mode": "rgb_array"}
     if is_mujoco(env_id):
         kwargs.update(width=settings.width, height=settings.height)
+    elif not os.environ.get("DISPLAY"):
+        # Classic control draws with pygame (SDL), which otherwise probes for a window system
+        # and prints an error line about it; off-screen frames need none.
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     return kwargs
 
 
@@ -182,7 +187,7 @@ def frame_rate(env: Any, settings: VideoSettings) -> float:
     """The configured fps, else the task's real time (``render_fps``), else 30."""
     if settings.fps:
         return float(settings.fps)
-    declared = (getattr(env.unwrapped, "metadata", None) or {}).get("render_fps")
+    declared: Any = (getattr(env.unwrapped, "metadata", None) or {}).get("render_fps")
     try:
         fps = float(declared)
     except (TypeError, ValueError):
