@@ -253,7 +253,8 @@ def test_papermill_execution_logs_a_complete_run(store: Path, tmp_path: Path) ->
     assert summary[0].text == f"MLflow run id: {run.info.run_id}\n"
     assert run.info.run_id in summary[1].data["text/html"]
     # The run's video plays inline, embedded in the executed notebook (debug=tiny: 96x64).
-    (shown,) = outputs["video"]
+    (shown,) = [o for o in outputs["video"] if o.output_type == "execute_result"]
+    assert [o.output_type for o in outputs["video"]] == ["execute_result"]  # no progress bar
     page = shown.data["text/html"]
     (encoded,) = re.findall(r'<video [^>]*src="data:video/mp4;base64,([^"]+)"', page)
     logged = Path(client.download_artifacts(run.info.run_id, "video/replay.mp4", str(tmp_path)))

@@ -401,8 +401,15 @@ def show_video(result: TrainResult) -> Any:
     if result.video is None:
         return HTML(f"<p>No video: {html_text(result.video_line or 'not recorded')}</p>")
     client = make_client(result.tracking_uri)
-    with tempfile.TemporaryDirectory() as tmp:
-        data = Path(client.download_artifacts(result.run_id, result.video, tmp)).read_bytes()
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"  # no progress bar in the cell's output
+    chosen = key in os.environ
+    os.environ.setdefault(key, "false")
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            data = Path(client.download_artifacts(result.run_id, result.video, tmp)).read_bytes()
+    finally:
+        if not chosen:
+            os.environ.pop(key, None)
     encoded = base64.b64encode(data).decode("ascii")
     return HTML(f'<video controls loop muted autoplay playsinline '
                 f'src="data:video/mp4;base64,{encoded}"></video>'
