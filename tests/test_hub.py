@@ -35,7 +35,7 @@ from workbench.config import ConfigError
 from workbench.deploy import export, hub
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_envs
-from workbench.training import bundle, load_config, train
+from workbench.training import bundle_format, load_config, train
 from workbench.training.model import build_model
 
 from .conftest import TINY, run_cli
@@ -382,13 +382,14 @@ def test_pull_rejects_an_oversized_replay_video(
     files = bundle_files(exported_run, tmp_path)
     assert files["replay.mp4"][4:8] == b"ftyp"
     # Listed and hashed correctly, but larger than a bundle's replay video may be.
-    files["replay.mp4"] += bytes(bundle.REPLAY_VIDEO_MAX_BYTES)
+    files["replay.mp4"] += bytes(bundle_format.REPLAY_VIDEO_MAX_BYTES)
     index = json.loads(files["bundle.json"])
     index["files"]["replay.mp4"] = hashlib.sha256(files["replay.mp4"]).hexdigest()
     files["bundle.json"] = json.dumps(index).encode()
     populate_cache(tmp_path / "cache", REPO, files, refs={"big": "HEAD"})
     offline_cache(monkeypatch, tmp_path / "cache")
-    with pytest.raises(hub.BundleError, match=r"replay.mp4 is \d+ bytes, over the 20971520"):
+    with pytest.raises(bundle_format.BundleRefused,
+                       match=r"replay.mp4 is \d+ bytes, more than the 20971520 a bundle file"):
         hub.pull(REPO, "big")
 
 
