@@ -151,6 +151,11 @@ class FrameSource:
         """
         if opengl.unusable() is not None:
             return f"{opengl.unusable()}; {BACKEND_HINT}"
+        # A closed env's MuJoCo render context (gymnasium frees its OpenGL context on close,
+        # its MjrContext only when collected) deletes its framebuffers by id in whatever
+        # context is current when it is collected: ours would then render black frames. So
+        # what is already garbage goes now, before this context exists.
+        gc.collect()
         previous = sys.unraisablehook
         sys.unraisablehook = lambda _: None
         try:
