@@ -39,7 +39,7 @@ ARGS ?=
 # Jupyter refuses to run as root without this flag (containers, CI machines run as root).
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: deps setup kernel lock demo test test-unit test-slow test-all lint typecheck ui lab bench gpu-check \
+.PHONY: deps setup kernel gl-libs lock demo test test-unit test-slow test-all lint typecheck ui lab bench gpu-check \
 	clean help server server-stop report
 
 help:
@@ -67,6 +67,7 @@ $(DEPS_STAMP): $(LOCK) scripts/torch_build.py
 	@touch $@
 
 $(STAMP): $(DEPS_STAMP) pyproject.toml
+	@$(MAKE) --no-print-directory gl-libs
 	@$(call pip_install,-e '.[$(EXTRAS)]')
 	$(PY) -m pip check
 	$(PY) -m $(KERNEL) >/dev/null
@@ -74,6 +75,17 @@ $(STAMP): $(DEPS_STAMP) pyproject.toml
 
 kernel:
 	$(PY) -m $(KERNEL)
+
+# Off-screen rendering for rollout videos (docs/videos.md): Mesa's EGL and, as the fallback,
+# OSMesa, from Debian/Ubuntu's packages when missing (root only; otherwise the command to run
+# is printed and the set-up goes on: without them runs warn once and record no video).
+GL_PACKAGES := libegl1 libegl-mesa0 libosmesa6
+gl-libs:
+	@if ldconfig -p 2>/dev/null | grep -q 'libEGL.so.1' && ldconfig -p | grep -q 'libOSMesa.so'; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "apt-get install $(GL_PACKAGES)"; apt-get update -qq >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(GL_PACKAGES) >/dev/null; \
+	else echo "videos need OpenGL libraries: sudo apt-get install $(GL_PACKAGES)"; fi
 
 # Refresh requirements/lock.txt: pip-compile resolves pyproject.toml's dependencies and
 # EXTRAS again, keeping every locked version that still fits (ARGS=--upgrade: the newest

@@ -28,7 +28,8 @@ from .trained_run import CHECKPOINTED, FinishedRun, finished_run  # noqa: F401
 # Timing values differ between any two runs; everything else must match exactly.
 TIMING = ("time/fps", "time/rollout_s", "time/update_s", "time/rollout_cpu_s", "time/update_cpu_s",
           "time/eval_s", "time/time_elapsed",
-          "summary/fps", "summary/wall_time_s", "summary/peak_rss_mb", "system/")
+          "summary/fps", "summary/wall_time_s", "summary/peak_rss_mb", "system/",
+          "video/render_seconds")
 
 
 # --------------------------------------------------------------------------- format

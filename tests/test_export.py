@@ -18,6 +18,7 @@ from mlflow.tracking import MlflowClient
 from stable_baselines3 import PPO
 from workbench import cli
 from workbench.deploy import export, graph
+from workbench.envs import video
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_env
 from workbench.training import load_config, train
@@ -27,7 +28,8 @@ from .conftest import TINY, run_cli
 
 NORMALIZED = [*TINY, "env.normalize=true", "tracking.system_metrics=false",
               "eval.final_episodes=2"]
-EXPORT_FILES = {"policy.pt", "policy.onnx", "export_report.json", "samples.npz", "latency.npz"}
+EXPORT_FILES = {"policy.pt", "policy.onnx", "export_report.json", "samples.npz", "latency.npz",
+                "replay.mp4", "replay.gif"}
 
 
 @dataclass
@@ -158,6 +160,33 @@ def test_replay_is_driven_by_onnx_and_matches_sb3_episodes(
     assert replayed["delta"] == pytest.approx(expected_delta)
     assert replayed["consistent"] == (abs(replayed["delta"]) <= replayed["tolerance"])
     assert replayed["note"] is None  # no eval.randomization: same nominal task as the log
+
+
+def test_replay_video_is_the_onnx_policy_with_the_return_it_got(
+    exported: Exported, tmp_path: Path
+) -> None:
+    replayed = exported.report["replay"]
+    shown = replayed["video"]
+    # debug=tiny's video: 20 rendered steps at 96x64, the task's real time (HalfCheetah: 20 fps)
+    assert (shown["file"], shown["preview"]) == ("replay.mp4", "replay.gif")
+    assert (shown["seed"], shown["steps"], shown["frames"]) == (replayed["seeds"][0], 20, 20)
+    assert (shown["size"], shown["fps"]) == ([96, 64], 20.0)
+    meta = video.probe(exported.folder / "replay.mp4")
+    assert (meta["codec"], meta["size"], meta["frames"]) == ("h264", (96, 64), 20)
+    # The same 20 steps driven by SB3 itself return what the video's episode returned.
+    source = load_policy(exported, tmp_path)
+    env = make_env(EnvSpec.from_config(source.config))
+    obs, _ = env.reset(seed=shown["seed"])
+    total = 0.0
+    for _ in range(20):
+        obs, reward, *_ = env.step(source.deterministic_actions(obs.astype(np.float32)[None])[0])
+        total += float(reward)
+    env.close()
+    assert shown["return"] == pytest.approx(total, abs=1e-4)
+    metrics = exported.client.get_run(exported.run_id).data.metrics
+    assert metrics["export/replay_video_return"] == pytest.approx(shown["return"])
+    assert f"replay.mp4 (+ replay.gif): ONNX Runtime, episode seed {shown['seed']}, return " \
+        f"{shown['return']:.2f} over 20 steps" in exported.stdout
 
 
 def test_latency_is_reported_per_backend(exported: Exported) -> None:

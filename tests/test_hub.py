@@ -35,7 +35,7 @@ from workbench.config import ConfigError
 from workbench.deploy import export, hub
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_envs
-from workbench.training import load_config, train
+from workbench.training import bundle_format, load_config, train
 from workbench.training.model import build_model
 
 from .conftest import TINY, run_cli
@@ -45,7 +45,7 @@ REPO = "test-org/tiny-ppo"
 NORMALIZED = [*TINY, "env.normalize=true", "tracking.system_metrics=false",
               "eval.final_episodes=2"]
 BUNDLE = {"README.md", "bundle.json", "config.yaml", "export_report.json",
-          "normalization.json", "policy.onnx", "samples.npz", "weights.safetensors"}
+          "normalization.json", "policy.onnx", "samples.npz", "weights.safetensors", "replay.mp4"}
 
 
 # --------------------------------------------------------------------------- stand-in Hub
@@ -236,8 +236,12 @@ def test_push_uploads_bundle_card_and_tags_run(
         "| `algo.learning_rate` | 0.0003 |", f"- torch {torch.__version__}",
         f"value: {mean:.2f} +/- {std:.2f}", exported_run.run_id,
         "From the run's manifest.json:" if has_manifest else "The run has no manifest.json",
+        "## Replay", '<video controls loop muted src="replay.mp4"', "| `replay.mp4` | replay video",
     ]:
         assert expected in card, expected
+    assert files["replay.mp4"][4:8] == b"ftyp"  # the export's MP4, listed and hashed above
+    replayed = json.loads(files["export_report.json"])["replay"]["video"]
+    assert f"return **{replayed['return']:.2f}** over {replayed['steps']} steps" in card
     # The reproduce command composes exactly the run's configuration.
     (command,) = [line for line in card.splitlines() if line.startswith("workbench train ")]
     overrides = shlex.split(command)[2:]
@@ -370,6 +374,23 @@ def test_pull_rejects_an_altered_bundle(
         hub.pull(REPO, "bad2")
     # A commit that fails verification is never kept (it was checked in a staging copy).
     assert not (exported_run.store / "hub" / REPO / commit).exists()
+
+
+def test_pull_rejects_an_oversized_replay_video(
+    exported_run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    files = bundle_files(exported_run, tmp_path)
+    assert files["replay.mp4"][4:8] == b"ftyp"
+    # Listed and hashed correctly, but larger than a bundle's replay video may be.
+    files["replay.mp4"] += bytes(bundle_format.REPLAY_VIDEO_MAX_BYTES)
+    index = json.loads(files["bundle.json"])
+    index["files"]["replay.mp4"] = hashlib.sha256(files["replay.mp4"]).hexdigest()
+    files["bundle.json"] = json.dumps(index).encode()
+    populate_cache(tmp_path / "cache", REPO, files, refs={"big": "HEAD"})
+    offline_cache(monkeypatch, tmp_path / "cache")
+    with pytest.raises(bundle_format.BundleRefused,
+                       match=r"replay.mp4 is \d+ bytes, more than the 20971520 a bundle file"):
+        hub.pull(REPO, "big")
 
 
 # --------------------------------------------------------------------------- using a pulled bundle

@@ -5,8 +5,10 @@ all cells in the same kernel works."""
 from __future__ import annotations
 
 import ast
+import base64
 import json
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -250,6 +252,14 @@ def test_papermill_execution_logs_a_complete_run(store: Path, tmp_path: Path) ->
     summary = outputs["summary"]
     assert summary[0].text == f"MLflow run id: {run.info.run_id}\n"
     assert run.info.run_id in summary[1].data["text/html"]
+    # The run's video plays inline, embedded in the executed notebook (debug=tiny: 96x64).
+    (shown,) = [o for o in outputs["video"] if o.output_type == "execute_result"]
+    assert [o.output_type for o in outputs["video"]] == ["execute_result"]  # no progress bar
+    page = shown.data["text/html"]
+    (encoded,) = re.findall(r'<video [^>]*src="data:video/mp4;base64,([^"]+)"', page)
+    logged = Path(client.download_artifacts(run.info.run_id, "video/replay.mp4", str(tmp_path)))
+    assert base64.b64decode(encoded) == logged.read_bytes()
+    assert "20 frames 96x64" in page
 
 
 def test_wrong_type_and_unknown_name_stop_in_the_check_cell(store: Path,

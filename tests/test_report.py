@@ -45,7 +45,9 @@ def test_report_of_a_real_sweep_writes_every_file(sweep: reportdata.Sweep,
     proc, folder = reportdata.written_report(tmp_path_factory.getbasetemp())
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == str(folder / "index.html")
-    assert sorted(p.name for p in folder.iterdir()) == sorted(
+    videos = sorted(p.name for p in folder.iterdir() if p.name.startswith("video-"))
+    assert len(videos) == 2 * 4  # MP4 and GIF of each point's best seed
+    assert sorted(p.name for p in folder.iterdir() if p.name not in videos) == sorted(
         [*FIGURES, "index.html", "report.md"])
     for name in FIGURES:
         assert (folder / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
@@ -74,6 +76,28 @@ def test_report_of_a_real_sweep_writes_every_file(sweep: reportdata.Sweep,
     for rank in range(1, 5):  # the ranking's rows: four points
         assert f"| {rank} | halfcheetah-ne" in markdown
     assert "| 5 | " not in markdown
+
+
+def test_report_embeds_the_video_of_each_points_best_seed(
+        sweep: reportdata.Sweep, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    client = reportdata.client_for(sweep)
+    rep = records.build_report(client, Selection(sweep_id=sweep.sweep_id), store=sweep.uri,
+                               with_figures=False)
+    assert [v.point for v in rep.videos] == [p.label for p in rep.points]  # ranked order
+    for point, shown in zip(rep.points, rep.videos, strict=True):
+        best = max(point.runs, key=lambda r: r.final_reward)
+        assert shown.run_id == best.run_id  # the 2-seed point shows its better seed
+        logged = Path(client.download_artifacts(best.run_id, "video/replay.mp4", str(tmp_path)))
+        assert shown.mp4 == logged.read_bytes()
+        assert shown.gif[:6] == b"GIF89a"
+    _, folder = reportdata.written_report(tmp_path_factory.getbasetemp())
+    page = (folder / "index.html").read_text()
+    embedded = re.findall(r'<video [^>]*src="data:video/mp4;base64,([^"]+)"', page)
+    assert sorted(base64.b64decode(e) for e in embedded) == sorted(v.mp4 for v in rep.videos)
+    markdown = (folder / "report.md").read_text()
+    for shown in rep.videos:
+        assert (folder / f"{shown.stem}.mp4").read_bytes() == shown.mp4
+        assert f"]({shown.stem}.gif)" in markdown and f"]({shown.stem}.mp4)" in markdown
 
 
 def test_report_content_of_a_real_sweep(sweep: reportdata.Sweep) -> None:

@@ -50,6 +50,18 @@ def test_report_page_loads_every_figure_without_errors(
         "IQM of the final return with 95 % intervals", "Time split per iteration"]
     for alt, complete, width, height in images:
         assert complete and width > 0 and height > 0, alt
+    # Every embedded video decodes in the browser at the size it was recorded (debug=tiny:
+    # 96x64); metadata loads asynchronously, so wait for it (bounded).
+    videos = browser.execute_script("return document.querySelectorAll('video').length;")
+    assert videos == len(content.videos) == 4
+    from selenium.webdriver.support.ui import WebDriverWait
+    WebDriverWait(browser, 30).until(lambda b: b.execute_script(
+        "return Array.from(document.querySelectorAll('video')).every(v => v.readyState >= 1 "
+        "|| v.error);"))
+    decoded = browser.execute_script(
+        "return Array.from(document.querySelectorAll('video')).map(v => "
+        "[v.error ? v.error.code : 0, v.videoWidth, v.videoHeight, v.duration > 0]);")
+    assert decoded == [[0, 96, 64, True]] * 4
     resources = browser.execute_script(
         "return performance.getEntriesByType('resource').map(r => r.name);")
     assert resources == []  # nothing fetched: the page is self-contained

@@ -24,7 +24,8 @@ from workbench.training.lifecycle import configure_determinism
 from .conftest import TINY, run_cli
 
 WALL_CLOCK_PREFIXES = ("time/", "system/")
-WALL_CLOCK_KEYS = {"summary/fps", "summary/wall_time_s", "summary/peak_rss_mb"}
+WALL_CLOCK_KEYS = {"summary/fps", "summary/wall_time_s", "summary/peak_rss_mb",
+                   "video/render_seconds"}
 Series = dict[str, list[tuple[int, float | str]]]
 
 

@@ -282,7 +282,7 @@ def test_export_of_a_bundle_folder_with_a_link_is_refused(
 
 INDEX_CASES: list[tuple[str, Callable[[dict], None], str]] = [
     ("files as a list", lambda i: i.update(files=sorted(i["files"])),
-     "bundle.json: files is a list of 8, expected an object"),
+     "bundle.json: files is a list of 9, expected an object"),
     ("hash not hex", lambda i: i["files"].update({"policy.onnx": "x" * 64}),
      "the sha256 of policy.onnx is"),
     ("unknown key", lambda i: i.update(run_script="rm -rf /"), "unknown key 'run_script'"),

@@ -26,6 +26,7 @@ from stable_baselines3.common.logger import KVWriter
 
 from workbench.config import ConfigError
 from workbench.sweeps.point import point_tags_from_env
+from workbench.tracking.store import make_client
 from workbench.tracking.writer import LATE_PREFIXES, numeric_items
 from workbench.training.faults import TrainingInterrupted
 from workbench.training.trainer import summary_rows
@@ -386,3 +387,39 @@ def summary_frame(result: TrainResult) -> pandas.DataFrame:
 
     rows = summary_rows(result)
     return pandas.DataFrame(rows, columns=["", "value"]).set_index("")
+
+
+# --------------------------------------------------------------------------- video
+
+
+def show_video(result: TrainResult) -> Any:
+    """The run's final video (``video/replay.mp4``), embedded so it plays inline and stays in
+    the executed notebook (papermill's outputs too); a line saying why when there is none."""
+    import base64
+    import tempfile
+    from pathlib import Path
+
+    from IPython.display import HTML
+
+    if result.video is None:
+        return HTML(f"<p>No video: {html_text(result.video_line or 'not recorded')}</p>")
+    client = make_client(result.tracking_uri)
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"  # no progress bar in the cell's output
+    chosen = key in os.environ
+    os.environ.setdefault(key, "false")
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            data = Path(client.download_artifacts(result.run_id, result.video, tmp)).read_bytes()
+    finally:
+        if not chosen:
+            os.environ.pop(key, None)
+    encoded = base64.b64encode(data).decode("ascii")
+    return HTML(f'<video controls loop muted autoplay playsinline '
+                f'src="data:video/mp4;base64,{encoded}"></video>'
+                f"<p>{html_text(result.video_line)}</p>")
+
+
+def html_text(text: str) -> str:
+    import html
+
+    return html.escape(text)

@@ -44,6 +44,7 @@ from workbench.config.schema import (
     TunePruner,
     TuneSampler,
     VecEnvBackend,
+    VideoConfig,
     WorkbenchConfig,
     flatten,
     schema_type,
@@ -56,7 +57,8 @@ __all__ = [
     "VecEnvBackend", "CheckpointConfig", "ConfigError", "ConsoleConfig",
     "Derived", "EnvConfig", "EvalConfig", "InitConfig", "PolicyConfig", "RandomizationConfig",
     "RayConfig", "ReproConfig", "SearchConfig", "SweepConfig", "TrackingConfig",
-    "TuneConfig", "TuneObjective", "TunePruner", "TuneSampler", "WorkbenchConfig",
+    "TuneConfig", "TuneObjective", "TunePruner", "TuneSampler", "VideoConfig",
+    "WorkbenchConfig",
     "check_overrides", "check_values", "compose", "conf_dir", "derive", "flatten", "from_yaml",
     "group_options", "load_config", "schema_type", "to_dict", "to_yaml", "validate",
 ]

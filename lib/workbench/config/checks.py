@@ -17,7 +17,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from workbench.config.errors import ConfigError
-from workbench.config.schema import InitConfig, Range, WorkbenchConfig, choices, schema_type
+from workbench.config.schema import (
+    InitConfig,
+    Range,
+    VideoConfig,
+    WorkbenchConfig,
+    choices,
+    schema_type,
+)
 
 
 def validate(cfg: DictConfig | Mapping[str, Any] | WorkbenchConfig) -> WorkbenchConfig:
@@ -66,6 +73,16 @@ def check_values(cfg: WorkbenchConfig) -> None:
             f"{rollout} or shrink the rollout"
         )
     check_init(cfg.init)
+    check_video(cfg.video)
+
+
+def check_video(video: VideoConfig) -> None:
+    """H.264 in the yuv420p format every player reads needs even frame sizes."""
+    for key in ("width", "height"):
+        value = getattr(video, key)
+        if value % 2:
+            raise ConfigError(f"video.{key}={value}: must be even (H.264 frames); use "
+                              f"video.{key}={value + 1}")
 
 
 def check_ranges(node: Any, prefix: str) -> None:

@@ -25,7 +25,8 @@ from workbench.config.errors import ConfigError
 from workbench.config.schema import WorkbenchConfig, schema_field
 
 SCHEMA_NAME = "workbench_schema"
-GROUPS = ("env", "algo", "tuning", "experiment", "sweep", "search", "tracking", "debug")
+GROUPS = ("env", "algo", "tuning", "experiment", "sweep", "search", "tracking", "video",
+          "debug")
 
 
 def minibatch(num_envs: int, n_steps: int, minibatches: int) -> int:

@@ -268,6 +268,30 @@ class EvalConfig:
 
 
 @dataclass
+class VideoConfig:
+    """Rollout videos of the deterministic policy (envs/video.py, docs/videos.md).
+
+    Rendered off-screen (MuJoCo through ``MUJOCO_GL=egl`` or ``osmesa``) in the evaluation
+    env only, never in the training envs; an MP4 (H.264) and a small GIF preview are logged
+    under the run's ``video/`` artifacts. Without an OpenGL backend the run warns once and goes
+    on without video. The time it takes is the metric ``video/render_seconds``.
+    """
+
+    enabled: bool = True  # record videos: after the final evaluation (video/replay.mp4)
+    # also record during training every N env steps (video/step-<N>.mp4; 0: only at the end)
+    every_steps: int = ranged(0, 0, example=50000)
+    episodes: int = ranged(1, 1, 10, example=1)  # episodes per video, one after the other
+    # env steps rendered per episode, where the episode stops; None: the whole episode
+    max_steps: int | None = ranged(500, 1, example=500)
+    # frames per second of the MP4; None: the task's real time (its render_fps)
+    fps: int | None = ranged(None, 1, 240, example=30)
+    width: int = ranged(320, 16, 1920, example=320)  # frame width in pixels (even: H.264)
+    height: int = ranged(240, 16, 1080, example=240)  # frame height in pixels (even: H.264)
+    # shadows and reflections: nicer, and several times the render time without a GPU
+    shadows: bool = False
+
+
+@dataclass
 class ConsoleConfig:
     """What training prints."""
 
@@ -376,6 +400,7 @@ class WorkbenchConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
+    video: VideoConfig = field(default_factory=VideoConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)

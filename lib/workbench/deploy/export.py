@@ -13,7 +13,8 @@ the worst case, before anything touches hardware:
 1. parity: exported outputs vs SB3 ``predict(deterministic=True)`` on observations recorded
    from the environment (max abs difference, must be <= 1e-5 on CPU);
 2. replay: seeded episodes driven only by the ONNX Runtime session in a fresh environment,
-   mean return next to the run's final evaluation;
+   mean return next to the run's final evaluation, and ``replay.mp4`` (+ ``replay.gif``) of
+   the first episode with the return it got (the run's ``video.*`` settings);
 3. latency: single-observation calls for SB3 eager, TorchScript and ONNX Runtime: p50, p99,
    max, the first call on a freshly loaded instance, and the end-to-end time from the
    environment's numpy observation to a numpy action.
@@ -49,8 +50,10 @@ from workbench.deploy.graph import (
     onnx_session,
 )
 from workbench.deploy.latency import fp16_variant, latency_backends, measure_latency
+from workbench.envs import video
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_env
+from workbench.envs.video import VideoSettings
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import is_embedded, make_client, resolve_tracking_uri
 from workbench.training.model import PolicySource
@@ -64,6 +67,7 @@ MIN_CALLS = 1000  # latency percentiles need enough samples for a meaningful p99
 OBS_SEED_OFFSET = 30_000  # seeds apart from training (seed + r) and evaluation (seed + 10000)
 REPLAY_SEED_OFFSET = 20_000
 REPORT_NAME = "export_report.json"
+VIDEO_STEM = "replay"  # replay.mp4 / replay.gif: the ONNX policy's replay video
 ARTIFACT_DIR = "export"
 
 
@@ -192,6 +196,31 @@ def replay(
     return result
 
 
+def replay_video(onnx_path: Path, cfg: WorkbenchConfig, seed: int, directory: Path
+                 ) -> dict[str, Any]:
+    """``replay.mp4`` (and ``replay.gif``) of the replay's first episode, driven by the ONNX
+    session, at the run's ``video.*`` settings; what it returned, or why there is none."""
+    if not cfg.video.enabled:
+        return {"skipped": "video.enabled=false in the run's config"}
+    settings = VideoSettings.from_config(cfg.video)
+    session = onnx_session(onnx_path)
+    env = make_env(EnvSpec.from_config(cfg), video=settings)
+    try:
+        recording = video.record_episode(
+            env, lambda obs: session.run(None, {INPUT_NAME: obs.astype(np.float32)})[0],
+            seed, settings)
+    except video.RenderingUnavailable as exc:
+        return {"skipped": str(exc)}
+    finally:
+        env.close()
+    files = video.write_video(recording, directory, VIDEO_STEM)
+    return {
+        "file": files.video.name, "preview": files.preview.name, "seed": seed,
+        "return": recording.returns[0], "steps": recording.lengths[0], "frames": files.frames,
+        "size": list(files.size), "fps": files.fps, "seconds": recording.seconds,
+    }
+
+
 def randomization_note(cfg: WorkbenchConfig) -> str | None:
     """Why replay and training log may differ by design: the replay runs the nominal task."""
     if cfg.eval.randomization == RandomizationConfig():
@@ -215,7 +244,8 @@ def export_policy(
     """Export ``source`` into ``directory`` and run the three checks; nothing is logged here.
 
     Files: ``policy.pt``, ``policy.onnx``, ``samples.npz`` (the recorded raw observations and
-    SB3's actions for them, shipped with Hub bundles), ``latency.npz`` (every timed call) and
+    SB3's actions for them, shipped with Hub bundles), ``latency.npz`` (every timed call),
+    ``replay.mp4``/``replay.gif`` (unless the run disabled videos or cannot render) and
     ``export_report.json``.
     """
     directory.mkdir(parents=True, exist_ok=True)
@@ -232,6 +262,7 @@ def export_policy(
     parity = check_parity(expected, obs, torchscript_path, onnx_path)
     replayed = replay(onnx_path, cfg, episodes, cfg.seed + REPLAY_SEED_OFFSET,
                       source.eval_mean_reward, source.eval_std_reward)
+    replayed["video"] = replay_video(onnx_path, cfg, cfg.seed + REPLAY_SEED_OFFSET, directory)
     backends = latency_backends(source, torchscript_path, onnx_path, obs[0].astype(np.float64))
     latency, samples = measure_latency(backends, calls, warmup)
     arrays = {k.replace("/", "__"): v for k, v in samples.items()}
@@ -367,6 +398,9 @@ def log_export(client: Any, run_id: str, result: ExportResult) -> None:
         "export/parity_onnx_max_abs_diff": report["parity"]["onnx_max_abs_diff"],
         "export/replay_mean_return": report["replay"]["mean_return"],
     }
+    replayed_video = report["replay"].get("video") or {}
+    if "return" in replayed_video:
+        figures["export/replay_video_return"] = replayed_video["return"]
     for name, stats in report["latency"]["backends"].items():
         figures[f"export/latency_{name}_p99_ms"] = stats["end_to_end_ms"]["p99"]
         figures[f"export/latency_{name}_max_ms"] = stats["end_to_end_ms"]["max"]
@@ -435,6 +469,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"ONNX Runtime {parity['onnx_max_abs_diff']:.2e} (batch 1: "
         f"{parity['onnx_batch1_max_abs_diff']:.2e}); tolerance {parity['tolerance']:.0e}",
         f"{'replay':<18}{replay_line(replayed)}",
+        f"{'replay video':<18}{video_line(replayed.get('video') or {})}",
         f"{'fp16 (GPU)':<18}{fp16_line(report['fp16'])}",
         "-" * 78,
         f"latency, 1 observation, {latency['calls']} calls after {latency['warmup']} warm-up, "
@@ -462,6 +497,15 @@ def replay_line(replayed: Mapping[str, Any]) -> str:
     return (f"{text}; training log {replayed['logged_eval_mean']:.2f} +- "
             f"{replayed['logged_eval_std']:.2f}: {verdict} (delta {replayed['delta']:+.2f}, "
             f"tolerance {replayed['tolerance']:.2f}){note}")
+
+
+def video_line(replayed_video: Mapping[str, Any]) -> str:
+    if "file" not in replayed_video:
+        return f"none: {replayed_video.get('skipped', 'not recorded')}"
+    v = replayed_video
+    return (f"{v['file']} (+ {v['preview']}): ONNX Runtime, episode seed {v['seed']}, return "
+            f"{v['return']:.2f} over {v['steps']} steps; {v['frames']} frames "
+            f"{v['size'][0]}x{v['size'][1]} at {v['fps']:g} fps, {v['seconds']:.1f} s")
 
 
 def fp16_line(fp16: Mapping[str, Any]) -> str:

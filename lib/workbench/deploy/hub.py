@@ -47,6 +47,8 @@ from workbench.training.bundle_format import (
     BUNDLE_FORMAT,
     CARD_NAME,
     INDEX_NAME,
+    REPLAY_VIDEO,
+    REPLAY_VIDEO_MAX_BYTES,
     BundleError,
     BundleRefused,
     sha256,
@@ -65,6 +67,8 @@ BUNDLE_FILES = {
     "config.yaml": "the resolved training configuration",
     "export_report.json": "parity, replay and latency figures measured at export",
     "manifest.json": "software, hardware and git state of the training run",
+    REPLAY_VIDEO: "replay video: an episode driven by policy.onnx at export (its return is in "
+    "export_report.json)",
     CARD_NAME: "this model card",
 }
 HYPERPARAMETERS = (
@@ -118,6 +122,7 @@ def write_bundle(client: Any, run_id: str, folder: Path) -> dict[str, Any]:
     exported = Path(client.download_artifacts(run_id, export.ARTIFACT_DIR, str(work)))
     for name in ("policy.onnx", "samples.npz", "export_report.json"):
         shutil.copy(exported / name, folder / name)
+    replay_video = copy_replay_video(exported, folder)
     source = export.load_run(client, run_id, work / "model-download")
     state = {k: v.detach().cpu().contiguous() for k, v in source.model.policy.state_dict().items()}
     save_file(state, str(folder / "weights.safetensors"),
@@ -145,11 +150,24 @@ def write_bundle(client: Any, run_id: str, folder: Path) -> dict[str, Any]:
         "manifest": manifest is not None,
         "init_hub_commit": run.data.params.get("init.hub_commit"),
     }
-    card = model_card(index, source.config, report, manifest)
+    card = model_card(index, source.config, report, manifest, replay_video=replay_video)
     (folder / CARD_NAME).write_text(card)
     index["files"] = {p.name: sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
     (folder / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
     return index
+
+
+def copy_replay_video(exported: Path, folder: Path) -> bool:
+    """The export's replay video into the bundle when it has one within the size bound."""
+    path = exported / REPLAY_VIDEO
+    if not path.is_file():
+        return False
+    if path.stat().st_size > REPLAY_VIDEO_MAX_BYTES:
+        print(f"{REPLAY_VIDEO}: {path.stat().st_size} bytes, over {REPLAY_VIDEO_MAX_BYTES}: "
+              "left out of the bundle (lower video.max_steps or video.width/height)")
+        return False
+    shutil.copy(path, folder / REPLAY_VIDEO)
+    return True
 
 
 def normalization_stats(vecnormalize: Any) -> dict[str, Any]:
@@ -196,7 +214,7 @@ def finite(value: float | None) -> float | None:
 
 def model_card(
     index: Mapping[str, Any], cfg: WorkbenchConfig, report: Mapping[str, Any],
-    manifest: Mapping[str, Any] | None,
+    manifest: Mapping[str, Any] | None, *, replay_video: bool = False,
 ) -> str:
     """README.md: task, algorithm, hyperparameters, result, steps, software, how to reproduce.
 
@@ -235,6 +253,7 @@ def model_card(
         f"- ONNX replay at export: {report['replay']['mean_return']:.2f} ± "
         f"{report['replay']['std_return']:.2f} over {report['replay']['episodes']} episodes",
         "",
+        *(replay_video_lines(index, report) if replay_video else []),
         "## Algorithm and key hyperparameters",
         "",
         *hyperparameter_table(cfg),
@@ -244,7 +263,8 @@ def model_card(
         "| file | content |",
         "|---|---|",
         *[f"| `{n}` | {w} |" for n, w in BUNDLE_FILES.items()
-          if n != "manifest.json" or manifest is not None],
+          if (n != "manifest.json" or manifest is not None)
+          and (n != REPLAY_VIDEO or replay_video)],
         f"| `{INDEX_NAME}` | index: run, result, sha256 of every file |",
         "",
         "## Software",
@@ -275,6 +295,24 @@ def model_card(
         "",
     ])
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}"))
+
+
+def replay_video_lines(index: Mapping[str, Any], report: Mapping[str, Any]) -> list[str]:
+    """The card's replay video (the SB3 zoo's ``replay.mp4``), with the return it got."""
+    replayed = report["replay"].get("video") or {}
+    if "return" not in replayed:
+        return []
+    return [
+        "## Replay",
+        "",
+        f'<video controls loop muted src="{REPLAY_VIDEO}" width="{replayed["size"][0]}">'
+        f"</video>",
+        "",
+        f"[`{REPLAY_VIDEO}`]({REPLAY_VIDEO}): `policy.onnx` driving {index['env_id']} "
+        f"(episode seed {replayed['seed']}), return **{replayed['return']:.2f}** over "
+        f"{replayed['steps']} steps.",
+        "",
+    ]
 
 
 def hyperparameter_table(cfg: WorkbenchConfig) -> list[str]:

@@ -9,7 +9,15 @@
     cores.py          the cores a run may use and the learner's threads
     mujoco_log.py     MuJoCo's warnings through Python (no MUJOCO_LOG.TXT)
     checks.py         env id, kwargs, randomization and EnvPool checks (exit code 2)
+    video.py          rollout videos: off-screen frames of one env copy, MP4 and GIF
+    opengl.py         the OpenGL backend MuJoCo may load (MUJOCO_GL), checked on import
     robots/           the workbench's own robots (the mini duck), registered on import
 
 This layer imports only :mod:`workbench.config` and the base modules.
 """
+
+from workbench.envs import opengl
+
+# Before any module of this package imports mujoco: an unloadable MUJOCO_GL backend would make
+# that import fail; it becomes "no video" instead (envs/opengl.py).
+opengl.check_backend()

@@ -19,6 +19,7 @@ from workbench.envs import guards, mujoco_log, robots
 from workbench.envs.backends import build_backend, randomization_wrapper
 from workbench.envs.calibration import resolve_spec
 from workbench.envs.spec import EnvSpec
+from workbench.envs.video import VideoSettings, render_kwargs
 
 
 def make_envs(spec: EnvSpec) -> VecEnv:
@@ -37,19 +38,25 @@ def make_envs(spec: EnvSpec) -> VecEnv:
 
 
 def make_eval_env(
-    spec: EnvSpec, seed_offset: int = 10_000, randomization: RandomizationConfig | None = None
+    spec: EnvSpec, seed_offset: int = 10_000, randomization: RandomizationConfig | None = None,
+    video: VideoSettings | None = None,
 ) -> VecEnv:
     """One in-process copy for deterministic evaluation, seeded apart from training envs.
 
     ``randomization`` is the evaluation's own setting (``eval.randomization``); the training
-    envs' ``spec.randomization`` does not apply here.
+    envs' ``spec.randomization`` does not apply here. With ``video`` the copy can render
+    frames (``render_mode="rgb_array"``, :mod:`workbench.envs.video`): it is the only env of
+    a run that ever renders, and only when a video is recorded.
 
     With normalization the statistics are frozen (``training=False``) and rewards are raw;
     call ``sync_envs_normalization(train_env, eval_env)`` before each evaluation.
     """
+    env_id = robots.importable_id(spec.env_id)
+    rendering = render_kwargs(env_id, video) if video else {}
     venv: VecEnv = make_vec_env(
-        robots.importable_id(spec.env_id), n_envs=1, seed=spec.seed + seed_offset,
-        env_kwargs=spec.env_kwargs(), wrapper_class=randomization_wrapper(randomization),
+        env_id, n_envs=1, seed=spec.seed + seed_offset,
+        env_kwargs={**spec.env_kwargs(), **rendering},
+        wrapper_class=randomization_wrapper(randomization),
         vec_env_cls=guards.guarded(DummyVecEnv, spec.env_id),
     )
     venv = guards.GuardedVecEnv(venv, spec.env_id)  # same wrapper depth as the training envs
@@ -60,7 +67,10 @@ def make_eval_env(
     return venv
 
 
-def make_env(spec: EnvSpec) -> Any:
-    """One raw gymnasium env as training built it (same id, kwargs and time limit)."""
+def make_env(spec: EnvSpec, video: VideoSettings | None = None) -> Any:
+    """One raw gymnasium env as training built it (same id, kwargs and time limit); with
+    ``video`` it renders frames (the export's replay video)."""
     mujoco_log.route_warnings()
-    return gymnasium.make(robots.importable_id(spec.env_id), **spec.env_kwargs())
+    env_id = robots.importable_id(spec.env_id)
+    rendering = render_kwargs(env_id, video) if video else {}
+    return gymnasium.make(env_id, **spec.env_kwargs(), **rendering)

@@ -27,6 +27,7 @@ from workbench.config import ConfigError
 from workbench.review import diagnostics, figures, tradeoff
 from workbench.review.diagnostics import Bottleneck, Diagnostic, Series, Thresholds
 from workbench.review.tradeoff import Tradeoff, TradeoffOptions
+from workbench.review.videos import PointVideo, point_videos
 from workbench.tracking.manifest import MANIFEST_FILE, headline_tags
 from workbench.tracking.manifest_diff import comparable
 from workbench.tracking.redaction import redact_uri
@@ -280,6 +281,7 @@ class Report:
     sections: list[Section] = field(default_factory=list)  # e.g. a study's (review/study.py)
     # IQM intervals, time to target, scaling ladders (review.tradeoff)
     tradeoff: Tradeoff = field(default_factory=Tradeoff)
+    videos: list[PointVideo] = field(default_factory=list)  # each point's best seed
 
     def run_url(self, run: RunRecord) -> str:
         """The run's page in the MLflow UI."""
@@ -397,7 +399,9 @@ def build_report(
         figures=render_figures(points, thresholds, analysis) if with_figures else [],
         thresholds=thresholds,
         tradeoff=analysis,
+        videos=point_videos(client, points),
     )
+
 
 
 def manifest_facts(manifest: Mapping[str, Any]) -> dict[str, str]:

@@ -24,6 +24,7 @@ from workbench.review.records import EnvironmentFacts, FigureFile, Point, Report
 from workbench.review.scaling import Ladder
 from workbench.review.selection import RAY_HOSTNAME, RAY_NODE_ID, RAY_NODE_IP
 from workbench.review.statistics import BOOTSTRAP_REPS
+from workbench.review.videos import PointVideo, video_html
 
 # Characters with a meaning in Markdown (CommonMark and GitHub's: links, emphasis, code, tables,
 # math, strikethrough) that run data may contain; each is written backslash-escaped. ``<``,
@@ -51,11 +52,12 @@ Cell = str | Link | list[Link]
 class Block:
     """One piece of report content: heading, paragraph, table or figure."""
 
-    kind: str  # h1 | h2 | h3 | p | table | card (a titled small table) | figure
+    kind: str  # h1 | h2 | h3 | p | table | card (a titled small table) | figure | video
     text: str = ""
     headers: tuple[str, ...] = ()
     rows: tuple[tuple[Cell, ...], ...] = ()
     figure: FigureFile | None = None
+    video: PointVideo | None = None
     css: str = ""  # a class for the HTML rendering (e.g. "verdict")
 
 
@@ -85,6 +87,7 @@ def report_blocks(report: Report) -> list[Block]:
         if fig.section == "figures":
             blocks += [Block("h3", fig.title), Block("figure", fig.caption, figure=fig)]
     blocks += scaling_blocks(report)
+    blocks += video_blocks(report)
     blocks += diagnostic_blocks(report)
     blocks += bottleneck_blocks(report)
     blocks += environment_blocks(report.environment)
@@ -217,6 +220,18 @@ def ladder_rows(ladder: Ladder) -> tuple[tuple[str, ...], ...]:
          fmt(r.gpu_percent, ".0f", "%") if r.gpu_percent is not None else "not logged",
          fmt(r.gpu_memory_mb, ".0f") if r.gpu_memory_mb is not None else "not logged")
         for r, gain in zip(ladder.rungs, gains, strict=True))
+
+
+def video_blocks(report: Report) -> list[Block]:
+    """Each point's best seed as its final video shows it (training/video.py)."""
+    if not report.videos:
+        return []
+    return [
+        Block("h2", "Videos"),
+        Block("p", "The deterministic policy of each point's best seed after training, "
+                   "rendered in the evaluation environment (the run's video/replay.mp4)."),
+        *[Block("video", v.caption, video=v) for v in report.videos],
+    ]
 
 
 def diagnostic_blocks(report: Report) -> list[Block]:
@@ -397,6 +412,8 @@ table.diagnostics td:nth-child(2) { font-weight: 600; color: #a12020; white-spac
 table.verdict td:first-child { width: 45%; color: #555; }
 figure { margin: .5rem 0 1.5rem; }
 figure img { max-width: 100%; height: auto; border: 1px solid #e3e3e3; }
+figure.video { display: inline-block; vertical-align: top; margin-right: 1.5rem; max-width: 480px; }
+figure video { width: 100%; min-width: 240px; border: 1px solid #e3e3e3; background: #000; }
 figcaption { color: #555; font-size: .95rem; margin-top: .3rem; }
 a { color: #0a5ad4; }
 """
@@ -445,6 +462,8 @@ def blocks_html(blocks: Sequence[Block]) -> str:
             parts.append(f'<figure><img src="data:image/png;base64,{data}" '
                          f'alt="{html.escape(b.figure.title)}">'
                          f"<figcaption>{html.escape(b.text)}</figcaption></figure>")
+        elif b.kind == "video" and b.video is not None:
+            parts.append(video_html(b.video))
         if b.kind == "card" and following != "card":
             parts.append("</div>")
     return "\n".join(parts)
@@ -501,6 +520,9 @@ def render_markdown(blocks: Sequence[Block]) -> str:
         elif b.kind == "figure" and b.figure is not None:
             lines += [f"![{md_escape(b.figure.title)}]({link_target(b.figure.filename)})", "",
                       f"*{md_escape(b.text)}*", ""]
+        elif b.kind == "video" and b.video is not None:
+            lines += [f"![{md_escape(b.video.run_name)}]({link_target(b.video.stem)}.gif)", "",
+                      f"*{md_escape(b.text)}* ([MP4]({link_target(b.video.stem)}.mp4))", ""]
     return "\n".join(lines)
 
 
@@ -520,6 +542,9 @@ def write_report(report: Report, out_dir: Path) -> Path:
         blocks = report_blocks(report)
         for fig in [*report.figures, *(f for s in report.sections for f in s.figures)]:
             (staging / fig.filename).write_bytes(fig.png)
+        for video in report.videos:
+            (staging / f"{video.stem}.mp4").write_bytes(video.mp4)
+            (staging / f"{video.stem}.gif").write_bytes(video.gif)
         (staging / "index.html").write_text(render_html(report, blocks), encoding="utf-8")
         (staging / "report.md").write_text(render_markdown(blocks), encoding="utf-8")
         staging.chmod(0o755)  # mkdtemp makes it private; a report is for the team

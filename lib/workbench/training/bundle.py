@@ -43,6 +43,7 @@ from workbench.training.bundle_format import (
     INDEX_NAME,
     OPTIONAL_FILES,
     REQUIRED_FILES,
+    TEXT_FILES,
     BundleError,
     BundleIndex,
     BundleRefused,
@@ -142,7 +143,7 @@ def check_files(directory: Path, label: str | None = None, allowed_modules: Sequ
         raise BundleRefused(label, f"config.yaml is not UTF-8 text ({exc})") from exc
     cfg = check_config_text(text, index, label, allowed_modules, trust_hint)
     stats = check_normalization(read_json(entries["normalization.json"], label), cfg, label)
-    for name in ("export_report.json", *OPTIONAL_FILES):
+    for name in ("export_report.json", *sorted(OPTIONAL_FILES & TEXT_FILES)):  # the JSON ones
         if name in entries and not isinstance(read_json(entries[name], label), dict):
             raise BundleRefused(label, f"{name} does not hold a JSON object")
     obs, actions = check_samples(entries["samples.npz"], label)

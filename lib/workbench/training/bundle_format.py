@@ -47,7 +47,9 @@ INDEX_NAME = "bundle.json"
 CARD_NAME = "README.md"
 REQUIRED_FILES = frozenset({CARD_NAME, "config.yaml", "export_report.json", "normalization.json",
                             "policy.onnx", "samples.npz", "weights.safetensors"})
-OPTIONAL_FILES = frozenset({"manifest.json"})  # present when the run had a manifest
+# The replay video (the SB3 zoo's name): the export's ONNX-driven episode, when the run has one.
+REPLAY_VIDEO = "replay.mp4"
+OPTIONAL_FILES = frozenset({"manifest.json", REPLAY_VIDEO})  # manifest: when the run had one
 TEXT_FILES = frozenset({INDEX_NAME, CARD_NAME, "config.yaml", "export_report.json",
                         "normalization.json", "manifest.json"})
 SAMPLE_ARRAYS = ("observations", "actions")
@@ -57,9 +59,10 @@ HUB_FILES = frozenset({".gitattributes"})
 # Bounds on what a pulled bundle may make this process read or allocate. A real bundle is
 # about 1 MiB (the default network's weights and ONNX graph, ~0.3 MiB each); the limits leave
 # room for networks a hundred times larger and stop a hostile one before it costs anything.
-MAX_ENTRIES = 16  # the format has 9 files; more is refused before any is read
+MAX_ENTRIES = 16  # the format has 10 files; more is refused before any is read
 MAX_FILE_BYTES = 64 << 20  # one weights file or ONNX graph: ~16M float32 parameters
 MAX_TEXT_BYTES = 1 << 20  # JSON/YAML/Markdown: a Humanoid normalization.json is ~20 KiB
+REPLAY_VIDEO_MAX_BYTES = 20 << 20  # the default video is ~0.1 MiB; a bundle is not a film
 MAX_BUNDLE_BYTES = 256 << 20
 # Values of a pulled config.yaml, on top of the schema's own ranges. Verification rebuilds the
 # policy from it (PPO allocates its rollout buffer, num_envs * n_steps samples, and builds
@@ -154,10 +157,11 @@ def check_entries(directory: Path, label: str, blobs: Path | None = None) -> dic
         for count, entry in enumerate(listed, start=1):
             if count > MAX_ENTRIES:
                 raise BundleRefused(label, f"more than {MAX_ENTRIES} entries; a workbench "
-                                    "policy bundle has at most 9 files")
+                                    "policy bundle has at most 10 files")
             path = confined(Path(entry.path), blobs or root, label, link_ok=blobs is not None)
             size = path.stat().st_size
-            limit = MAX_TEXT_BYTES if entry.name in TEXT_FILES else MAX_FILE_BYTES
+            limit = (MAX_TEXT_BYTES if entry.name in TEXT_FILES else REPLAY_VIDEO_MAX_BYTES
+                     if entry.name == REPLAY_VIDEO else MAX_FILE_BYTES)
             if size > limit:
                 raise BundleRefused(label, f"{entry.name} is {size} bytes, more than the "
                                     f"{limit} a bundle file may have")

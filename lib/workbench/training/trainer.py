@@ -23,6 +23,7 @@ from stable_baselines3.common.vec_env import VecEnv
 from workbench import console
 from workbench.config import WorkbenchConfig
 from workbench.envs.vector import make_envs, make_eval_env
+from workbench.envs.video import VideoSettings
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.writer import MlflowWriter
 from workbench.training.callbacks import (
@@ -37,6 +38,7 @@ from workbench.training.lifecycle import open_run, setup_run
 from workbench.training.model import build_model, save_model
 from workbench.training.progress import ConsoleWriter, ProgressBarCallback
 from workbench.training.start import prepare, validate
+from workbench.training.video import VideoRecorder, video_callbacks
 
 
 @dataclass
@@ -55,6 +57,9 @@ class TrainResult:
     wall_time_s: float
     peak_rss_mb: float
     artifact_uri: str
+    video: str | None = None  # artifact path of the final video (video/replay.mp4), if any
+    video_seconds: float = 0.0  # what recording videos added to the run
+    video_line: str = ""  # the summary's video row
 
 
 def train(
@@ -82,7 +87,9 @@ def train(
     with open_run(setup, start) as run:
         run.record(setup, start, run_info)  # manifest, params, config.yaml
         train_env = run.own(make_envs(setup.env_spec))
-        eval_env = run.own(make_eval_env(setup.env_spec, randomization=cfg.eval.randomization))
+        eval_env = run.own(make_eval_env(setup.env_spec, randomization=cfg.eval.randomization,
+                                         video=video_settings(cfg)))
+        recorder = VideoRecorder(cfg.video, run.client, run.run_id) if cfg.video.enabled else None
         model = run.own_model(build_model(cfg, train_env))
         start.initialize(model, train_env)  # a Hub bundle's weights
         console.print_header(header_lines(cfg, setup.derived, model, setup.torch_threads,
@@ -93,11 +100,14 @@ def train(
         start.restore(model, train_env, eval_env, run.client)  # a resumed run's state
         memory, started = MemoryPeak(), time.perf_counter()
         run.learn(model, cfg.total_timesteps,
-                  [*build_callbacks(cfg, train_env, eval_env), memory, *callbacks, recovery],
+                  [*build_callbacks(cfg, train_env, eval_env),
+                   *video_callbacks(recorder, eval_env, cfg.video, cfg.total_timesteps),
+                   memory, *callbacks, recovery],
                   resumed=start.resumed is not None)
         wall = time.perf_counter() - started
         mean, std = evaluate(model, train_env, eval_env, cfg.eval.final_episodes)
-        summary = summarize(mean, std, model.num_timesteps, wall, memory.peak_mb)
+        videos = recorder.record_final(model, train_env, eval_env) if recorder else {}
+        summary = summarize(mean, std, model.num_timesteps, wall, memory.peak_mb) | videos
         log_summary(run.client, run.run_id, summary, model.num_timesteps)
         save_model(run.client, run.run_id, cfg, model, train_env, run.manifest)
     stored = run.client.store_run_id  # a run the store lost was re-created under a new id
@@ -107,12 +117,20 @@ def train(
         tracking_uri=setup.uri, status="FINISHED", num_timesteps=model.num_timesteps,
         eval_mean_reward=mean, eval_std_reward=std, fps=summary["summary/fps"], wall_time_s=wall,
         peak_rss_mb=summary["summary/peak_rss_mb"], artifact_uri=info.artifact_uri,
+        video=recorder.final.artifact if recorder and recorder.final else None,
+        video_seconds=recorder.seconds if recorder else 0.0,
+        video_line=recorder.summary(wall) if recorder else "off (video.enabled=false)",
     )
     print_result(result)
     return result
 
 
 # --------------------------------------------------------------------------- building blocks
+
+
+def video_settings(cfg: WorkbenchConfig) -> VideoSettings | None:
+    """What the evaluation env renders at, when the run records videos."""
+    return VideoSettings.from_config(cfg.video) if cfg.video.enabled else None
 
 
 def build_logger(
@@ -172,6 +190,7 @@ def summary_rows(result: TrainResult) -> list[tuple[str, object]]:
         ("fps", f"{result.fps:.0f} steps/s"),
         ("training time", f"{result.wall_time_s:.1f} s (model.learn)"),
         ("peak memory", f"{result.peak_rss_mb:.0f} MiB (PSS of the process tree)"),
+        *([("video", result.video_line)] if result.video_line else []),
         ("artifacts", redact_uri(result.artifact_uri)),
         ("tracking", redact_uri(result.tracking_uri)),
     ]

@@ -16,6 +16,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from workbench.envs import opengl
+
 BACKEND_HINT = (
     "off-screen rendering needs an OpenGL backend: set MUJOCO_GL=egl (libEGL: a GPU driver "
     "or Mesa, apt-get install libegl1) or MUJOCO_GL=osmesa (apt-get install libosmesa6), "
@@ -28,13 +30,15 @@ class RenderingUnavailable(RuntimeError):
 
 
 def prefer_offscreen_backend() -> None:
-    """Choose ``MUJOCO_GL=egl`` on a machine without a display, unless the user chose.
+    """Choose ``MUJOCO_GL`` on a machine without a display, unless the user chose: ``egl``,
+    or ``osmesa`` where only Mesa's software library is installed.
 
     It must be set before the first OpenGL import in the process (PyOpenGL fixes its
     platform then), hence at environment construction rather than at the first frame.
     """
     if "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
-        os.environ["MUJOCO_GL"] = "egl"
+        only_osmesa = not opengl.has_library("egl") and opengl.has_library("osmesa")
+        os.environ["MUJOCO_GL"] = "osmesa" if only_osmesa else "egl"
 
 
 def has_display() -> bool:

@@ -1,0 +1,303 @@
+"""Rollout videos: frames rendered off-screen from one environment copy, encoded as an MP4
+(H.264) and a small animated GIF preview.
+
+Training records in its evaluation env (:func:`record_vec`, driven by SB3's deterministic
+``predict``), the export in its replay env (:func:`record_episode`, driven by the ONNX
+session); both encode with :func:`write_video`. Frames come from gymnasium's ``rgb_array``
+render mode: for MuJoCo tasks through ``MUJOCO_GL`` (``egl`` or ``osmesa``, chosen by
+:func:`workbench.envs.robots.rendering.prefer_offscreen_backend` before the first OpenGL
+import); a backend that cannot make a context raises :class:`RenderingUnavailable` at the
+first frame, with what to install. The encoder is imageio-ffmpeg's bundled ffmpeg (libx264).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import numpy as np
+from PIL import Image
+
+from workbench.config import VideoConfig
+from workbench.envs import opengl
+from workbench.envs.robots.rendering import (
+    BACKEND_HINT,
+    RenderingUnavailable,
+    prefer_offscreen_backend,
+    render_or_explain,
+)
+
+__all__ = ["RenderingUnavailable"]
+
+VIDEO_SUFFIX = ".mp4"
+PREVIEW_SUFFIX = ".gif"
+DEFAULT_FPS = 30  # tasks that declare no render_fps
+PREVIEW_FPS = 10  # the GIF keeps every k-th frame to at most this rate ...
+PREVIEW_SECONDS = 10  # ... for at most this long, at half the video's size
+CRF = 28  # x264 quality: small files, smooth enough for a robot on a plain floor
+
+Policy = Callable[[np.ndarray], np.ndarray]  # observation batch -> action batch
+
+
+@dataclass(frozen=True)
+class VideoSettings:
+    """Plain values of ``video.*`` that rendering and encoding need."""
+
+    width: int = 320
+    height: int = 240
+    fps: int | None = None
+    episodes: int = 1
+    max_steps: int | None = 500
+    shadows: bool = False
+
+    @classmethod
+    def from_config(cls, video: VideoConfig) -> VideoSettings:
+        return cls(width=video.width, height=video.height, fps=video.fps,
+                   episodes=video.episodes, max_steps=video.max_steps, shadows=video.shadows)
+
+
+@dataclass
+class Recording:
+    """Frames of one or more episodes, what they returned, and what recording took."""
+
+    fps: float
+    frames: list[np.ndarray] = field(default_factory=list)
+    returns: list[float] = field(default_factory=list)  # of the rendered steps, per episode
+    lengths: list[int] = field(default_factory=list)
+    seconds: float = 0.0  # stepping and rendering (encoding is timed by the caller)
+
+
+@dataclass(frozen=True)
+class VideoFiles:
+    """An encoded recording."""
+
+    video: Path
+    preview: Path
+    frames: int
+    size: tuple[int, int]  # (width, height)
+    fps: float
+
+
+def render_kwargs(env_id: str, settings: VideoSettings) -> dict[str, Any]:
+    """``gymnasium.make`` keywords for an env that renders frames; MuJoCo tasks render at the
+    configured size (other tasks at theirs, resized on capture)."""
+    prefer_offscreen_backend()  # before the first OpenGL import of the process
+    kwargs: dict[str, Any] = {"render_mode": "rgb_array"}
+    if is_mujoco(env_id):
+        kwargs.update(width=settings.width, height=settings.height)
+    elif not os.environ.get("DISPLAY"):
+        # Classic control draws with pygame (SDL), which otherwise probes for a window system
+        # and prints an error line about it; off-screen frames need none.
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    return kwargs
+
+
+def is_mujoco(env_id: str) -> bool:
+    """True when the registered entry point is a gymnasium ``MujocoEnv`` (``module:Id`` ids:
+    the module registers the id, as ``gymnasium.make`` does it)."""
+    from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
+    from gymnasium.envs.registration import load_env_creator
+
+    module, _, name = env_id.rpartition(":")
+    try:
+        if module:
+            importlib.import_module(module)
+        entry = gymnasium.spec(name).entry_point
+        creator = load_env_creator(entry) if isinstance(entry, str) else entry
+    except Exception:  # an id gymnasium.make will reject with its own message
+        return False
+    return isinstance(creator, type) and issubclass(creator, MujocoEnv)
+
+
+class FrameSource:
+    """Frames of one gymnasium env at the configured size; the first call makes the OpenGL
+    context and raises :class:`RenderingUnavailable` when none can be made."""
+
+    def __init__(self, env: Any, settings: VideoSettings) -> None:
+        self.env = env
+        self.settings = settings
+        self.started = False
+
+    def frame(self) -> np.ndarray:
+        if not self.started:
+            failure = self.start()
+            if failure is not None:
+                raise RenderingUnavailable(failure)
+        image = np.asarray(render_or_explain(self.env.render))
+        if image.ndim != 3 or image.shape[2] < 3:
+            raise RenderingUnavailable(f"render returned an array of shape {image.shape}, "
+                                       "not RGB frames")
+        image = np.ascontiguousarray(image[:, :, :3], dtype=np.uint8)
+        size = (self.settings.width, self.settings.height)
+        if (image.shape[1], image.shape[0]) != size:  # a task without a size option
+            image = np.asarray(Image.fromarray(image).resize(size, Image.Resampling.BILINEAR))
+        return image
+
+    def start(self) -> str | None:
+        """Make the OpenGL context (the first frame, dropped); why it failed, or None.
+
+        A renderer whose context failed half-way complains again from ``__del__`` when it
+        is collected, which happens once the failure's traceback is gone: here, with such
+        messages dropped, so the run prints one line about it and not a traceback.
+        """
+        if opengl.unusable() is not None:
+            return f"{opengl.unusable()}; {BACKEND_HINT}"
+        # A closed env's MuJoCo render context (gymnasium frees its OpenGL context on close,
+        # its MjrContext only when collected) deletes its framebuffers by id in whatever
+        # context is current when it is collected: ours would then render black frames. So
+        # what is already garbage goes now, before this context exists.
+        gc.collect()
+        previous = sys.unraisablehook
+        sys.unraisablehook = lambda _: None
+        try:
+            try:
+                render_or_explain(self.env.render)
+            except RenderingUnavailable as exc:
+                failure: str | None = str(exc)
+            else:
+                failure = None
+            gc.collect()
+        finally:
+            sys.unraisablehook = previous
+        self.configure_scene()
+        self.started = failure is None
+        return failure
+
+    def configure_scene(self) -> None:
+        """Shadows and reflections off unless asked for: on a software renderer they take
+        most of the frame's time (benchmarks/video_cost.py)."""
+        if self.settings.shadows:
+            return
+        import mujoco
+
+        renderer = getattr(self.env.unwrapped, "mujoco_renderer", None)
+        viewer = getattr(renderer, "viewer", None)
+        scene = getattr(viewer, "scn", None)
+        if scene is None:
+            return
+        for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION):
+            scene.flags[flag] = 0
+
+
+def frame_rate(env: Any, settings: VideoSettings) -> float:
+    """The configured fps, else the task's real time (``render_fps``), else 30."""
+    if settings.fps:
+        return float(settings.fps)
+    declared: Any = (getattr(env.unwrapped, "metadata", None) or {}).get("render_fps")
+    try:
+        fps = float(declared)
+    except (TypeError, ValueError):
+        return float(DEFAULT_FPS)
+    return fps if math.isfinite(fps) and fps > 0 else float(DEFAULT_FPS)
+
+
+def rendering_env(venv: Any) -> Any:
+    """The single gymnasium env inside an evaluation VecEnv (DummyVecEnv of one copy)."""
+    inner = venv.unwrapped
+    envs = getattr(inner, "envs", None)
+    if not envs or len(envs) != 1:
+        raise RenderingUnavailable("video needs an in-process evaluation env of one copy")
+    if getattr(envs[0], "render_mode", None) != "rgb_array":
+        raise RenderingUnavailable("the evaluation env was not built with render_mode=rgb_array")
+    return envs[0]
+
+
+def record_vec(venv: Any, policy: Policy, settings: VideoSettings) -> Recording:
+    """``settings.episodes`` episodes of ``policy`` in the evaluation VecEnv ``venv``, each
+    stopped after ``settings.max_steps`` steps; one frame before every step."""
+    started = time.perf_counter()
+    env = rendering_env(venv)
+    source = FrameSource(env, settings)
+    recording = Recording(fps=frame_rate(env, settings))
+    limit = settings.max_steps or math.inf
+    obs = venv.reset()
+    for _ in range(settings.episodes):
+        total, steps, done = 0.0, 0, False
+        while not done and steps < limit:
+            recording.frames.append(source.frame())
+            obs, reward, dones, _ = venv.step(policy(obs))
+            total += float(reward[0])
+            steps += 1
+            done = bool(dones[0])  # the VecEnv has reset itself for the next episode
+        if not done:
+            obs = venv.reset()
+        recording.returns.append(total)
+        recording.lengths.append(steps)
+    recording.seconds = time.perf_counter() - started
+    return recording
+
+
+def record_episode(env: Any, policy: Policy, seed: int, settings: VideoSettings) -> Recording:
+    """One seeded episode of ``policy`` in a raw gymnasium ``env`` (the export's replay)."""
+    started = time.perf_counter()
+    source = FrameSource(env, settings)
+    recording = Recording(fps=frame_rate(env, settings))
+    limit = settings.max_steps or math.inf
+    obs, _ = env.reset(seed=seed)
+    total, steps, done = 0.0, 0, False
+    while not done and steps < limit:
+        recording.frames.append(source.frame())
+        obs, reward, terminated, truncated, _ = env.step(policy(obs[None])[0])
+        total += float(reward)
+        steps += 1
+        done = bool(terminated or truncated)
+    recording.returns.append(total)
+    recording.lengths.append(steps)
+    recording.seconds = time.perf_counter() - started
+    return recording
+
+
+def write_video(recording: Recording, folder: Path, stem: str) -> VideoFiles:
+    """``<stem>.mp4`` (H.264, yuv420p: plays in browsers, MLflow's UI and the Hub) and
+    ``<stem>.gif`` (half size, <= 10 fps, <= 10 s) in ``folder``."""
+    import imageio_ffmpeg
+
+    if not recording.frames:
+        raise ValueError("no frames to encode")
+    folder.mkdir(parents=True, exist_ok=True)
+    height, width = recording.frames[0].shape[:2]
+    video = folder / f"{stem}{VIDEO_SUFFIX}"
+    writer = imageio_ffmpeg.write_frames(
+        str(video), (width, height), fps=recording.fps, codec="libx264", pix_fmt_in="rgb24",
+        pix_fmt_out="yuv420p", quality=None, macro_block_size=2, ffmpeg_log_level="error",
+        output_params=["-crf", str(CRF), "-preset", "veryfast", "-movflags", "+faststart"],
+    )
+    writer.send(None)  # the generator starts ffmpeg here
+    for frame in recording.frames:
+        writer.send(frame)
+    writer.close()
+    preview = folder / f"{stem}{PREVIEW_SUFFIX}"
+    write_preview(recording, preview)
+    return VideoFiles(video=video, preview=preview, frames=len(recording.frames),
+                      size=(width, height), fps=recording.fps)
+
+
+def write_preview(recording: Recording, path: Path) -> None:
+    """The animated GIF: every k-th frame, half size, looping."""
+    every = max(1, math.ceil(recording.fps / PREVIEW_FPS))
+    shown = recording.frames[::every][: PREVIEW_SECONDS * PREVIEW_FPS]
+    height, width = recording.frames[0].shape[:2]
+    size = (max(2, width // 2), max(2, height // 2))
+    images = [Image.fromarray(f).resize(size, Image.Resampling.BILINEAR) for f in shown]
+    duration_ms = round(1000 * every / recording.fps)
+    images[0].save(path, save_all=True, append_images=images[1:], duration=duration_ms, loop=0,
+                   optimize=True)
+
+
+def probe(path: Path) -> dict[str, Any]:
+    """What a decoder reads from an MP4: codec, size, fps and the frame count (all decoded)."""
+    import imageio_ffmpeg
+
+    reader = imageio_ffmpeg.read_frames(str(path))
+    meta: dict[str, Any] = dict(next(reader))
+    meta["frames"] = sum(1 for _ in reader)
+    return meta

@@ -1,0 +1,151 @@
+"""A run's rollout videos: recorded in its evaluation env, logged under ``video/``.
+
+:class:`VideoRecorder` plays the deterministic policy in the evaluation env (never in the
+training envs), encodes an MP4 and a GIF preview (:mod:`workbench.envs.video`) and logs both
+to the MLflow run: ``video/replay.mp4`` and ``video/replay.gif`` after the final evaluation,
+``video/step-<N>.*`` every ``video.every_steps`` during training (:class:`VideoCallback`).
+The seconds it takes (stepping, rendering, encoding, logging) add up in the metric
+``video/render_seconds``, which the console summary prints next to the wall time.
+
+A machine without a working OpenGL backend gets one warning line, and the run goes on
+without video.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.vec_env import VecEnv, sync_envs_normalization
+
+from workbench.config import VideoConfig
+from workbench.envs.video import (
+    RenderingUnavailable,
+    VideoFiles,
+    VideoSettings,
+    record_vec,
+    write_video,
+)
+
+ARTIFACT_DIR = "video"
+FINAL_STEM = "replay"  # video/replay.mp4, the zoo's name for a policy's replay video
+
+
+@dataclass(frozen=True)
+class RecordedVideo:
+    """One logged video."""
+
+    artifact: str  # e.g. video/replay.mp4
+    preview: str  # e.g. video/replay.gif
+    frames: int
+    size: tuple[int, int]
+    fps: float
+    episode_return: float  # mean over the recorded episodes, of the rendered steps
+
+
+class VideoRecorder:
+    """Records and logs the run's videos; remembers a missing OpenGL backend after one try."""
+
+    def __init__(self, cfg: VideoConfig, client: Any, run_id: str) -> None:
+        self.settings = VideoSettings.from_config(cfg)
+        self.client = client
+        self.run_id = run_id
+        self.seconds = 0.0
+        self.unavailable: str | None = None  # why no video can be made on this machine
+        self.final: RecordedVideo | None = None
+
+    def record(self, model: Any, train_env: VecEnv, eval_env: VecEnv, stem: str
+               ) -> RecordedVideo | None:
+        """Record ``stem``.mp4/.gif and log them; None (after one warning) without OpenGL."""
+        if self.unavailable is not None:
+            return None
+        started = time.perf_counter()
+        try:
+            sync_envs_normalization(train_env, eval_env)  # as evaluation does
+            recording = record_vec(
+                eval_env, lambda obs: model.predict(obs, deterministic=True)[0], self.settings)
+        except RenderingUnavailable as exc:
+            self.unavailable = str(exc)
+            print(f"workbench: warning: no video: {exc}; the run goes on without video",
+                  file=sys.stderr, flush=True)
+            return None
+        finally:
+            self.seconds += time.perf_counter() - started
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="workbench-video-") as tmp:
+            files = write_video(recording, Path(tmp), stem)
+            self.client.log_artifacts(self.run_id, tmp, artifact_path=ARTIFACT_DIR)
+        self.seconds += time.perf_counter() - started
+        returns = recording.returns
+        return recorded(files, sum(returns) / len(returns))
+
+    def record_final(self, model: Any, train_env: VecEnv, eval_env: VecEnv) -> dict[str, float]:
+        """The final video; returns its metrics for the run's summary batch."""
+        self.final = self.record(model, train_env, eval_env, FINAL_STEM)
+        metrics = {"video/render_seconds": self.seconds}
+        if self.final is not None:
+            metrics.update({"video/frames": float(self.final.frames),
+                            "video/episode_return": self.final.episode_return})
+        return metrics
+
+    def summary(self, wall_s: float) -> str:
+        """The console summary's ``video`` row."""
+        if self.unavailable is not None:
+            return "none (no OpenGL backend, see the warning above)"
+        if self.final is None:
+            return f"none at the end; rendering took {self.seconds:.1f} s"
+        v = self.final
+        share = f", {100 * self.seconds / wall_s:.0f}% of training time" if wall_s > 0 else ""
+        return (f"{v.artifact} ({v.frames} frames {v.size[0]}x{v.size[1]} at {v.fps:g} fps, "
+                f"return {v.episode_return:.1f}); rendering added {self.seconds:.1f} s{share}")
+
+
+def recorded(files: VideoFiles, episode_return: float) -> RecordedVideo:
+    return RecordedVideo(
+        artifact=f"{ARTIFACT_DIR}/{files.video.name}",
+        preview=f"{ARTIFACT_DIR}/{files.preview.name}", frames=files.frames, size=files.size,
+        fps=files.fps, episode_return=episode_return)
+
+
+class VideoCallback(BaseCallback):
+    """``video/step-<N>.mp4`` every ``every_steps`` env steps, recorded between rollout and
+    dump like the periodic evaluation; ``video/render_seconds`` goes into that iteration's
+    log. None is made once the budget is reached: the final video covers it."""
+
+    def __init__(self, recorder: VideoRecorder, eval_env: VecEnv, every_steps: int, total: int
+                 ) -> None:
+        super().__init__()
+        self.recorder = recorder
+        self.eval_env = eval_env
+        self.every_steps = every_steps
+        self.total = total
+        self.next_video = every_steps
+
+    def _on_training_start(self) -> None:
+        while self.next_video <= self.num_timesteps:  # a resumed run: those were made
+            self.next_video += self.every_steps
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        if self.num_timesteps < self.next_video or self.num_timesteps >= self.total:
+            return
+        while self.next_video <= self.num_timesteps:
+            self.next_video += self.every_steps
+        self.recorder.record(self.model, self.training_env, self.eval_env,
+                             f"step-{self.num_timesteps:09d}")
+        self.logger.record("video/render_seconds", self.recorder.seconds)
+
+
+def video_callbacks(recorder: VideoRecorder | None, eval_env: VecEnv, cfg: VideoConfig,
+                    total: int) -> list[BaseCallback]:
+    """``[VideoCallback]`` when videos are recorded during training, else ``[]``."""
+    if recorder is None or cfg.every_steps <= 0:
+        return []
+    return [VideoCallback(recorder, eval_env, cfg.every_steps, total)]
