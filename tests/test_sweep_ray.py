@@ -201,7 +201,8 @@ def test_a_dead_attempts_run_is_closed_with_where_it_ran() -> None:
 def test_a_ray_sweep_refuses_a_password_in_the_tracking_uri() -> None:
     uri = "tracking.uri=http://alice:s3cret-pass@10.0.0.5:5050"
     with pytest.raises(ConfigError) as info:
-        plan_sweep(["sweep.executor=ray", uri, "sweep.num_envs=[2]", "sweep.n_steps=[64]"])
+        plan_sweep(["sweep.executor=ray", uri, "sweep.num_envs=[2]", "sweep.n_steps=[64]",
+                    *POINT_TINY])
     message = str(info.value)
     assert message.startswith("tracking.uri=http://alice:***@10.0.0.5:5050: with "
                               "sweep.executor=ray the URI travels in every Ray task")

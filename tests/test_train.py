@@ -181,7 +181,8 @@ def test_peak_memory_is_the_process_trees(store: Path, backend: str) -> None:
     """summary/peak_rss_mb against the kernel's own peak of the training process (VmHWM):
     the same with in-process envs, more with subprocess workers (their memory counts too)."""
     done = subprocess.run(
-        [sys.executable, "-c", PEAK_PROBE, *TINY, f"env.vec_env={backend}",
+        # No video: its encoder is an ffmpeg child process, rightly part of the tree's memory.
+        [sys.executable, "-c", PEAK_PROBE, *TINY, f"env.vec_env={backend}", "video.enabled=false",
          "tracking.system_metrics=false", "console.iteration_lines=false"],
         capture_output=True, text=True, timeout=300, env=os.environ)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -192,6 +193,20 @@ def test_peak_memory_is_the_process_trees(store: Path, backend: str) -> None:
         assert 0.95 * own <= peak <= own + 1  # VmHWM can only grow after the summary
     else:
         assert peak > own  # the workers' resident memory is part of the tree's
+
+
+def test_a_run_leaves_the_process_tracking_uri_alone(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The system-metrics sampler gets the run's store directly: ``mlflow.set_tracking_uri``
+    would export MLFLOW_TRACKING_URI, and a notebook's next run would log into this store
+    whatever its tracking.uri says."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(tmp_path / "experiments"))
+    first, second = (f"sqlite:///{tmp_path / name}" for name in ("first.db", "second.db"))
+    train(load_config([*TINY, f"tracking.uri={first}", "tracking.system_metrics=true"]))
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+    result = train(load_config([*TINY, f"tracking.uri={second}", "tracking.system_metrics=false"]))
+    assert result.tracking_uri == second
 
 
 def test_artifacts_live_beside_a_store_elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

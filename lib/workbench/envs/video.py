@@ -91,6 +91,8 @@ def render_kwargs(env_id: str, settings: VideoSettings) -> dict[str, Any]:
     """``gymnasium.make`` keywords for an env that renders frames; MuJoCo tasks render at the
     configured size (other tasks at theirs, resized on capture)."""
     prefer_offscreen_backend()  # before the first OpenGL import of the process
+    if not renders_rgb_array(env_id):
+        return {}  # the recording then says why there is no video; the run goes on
     kwargs: dict[str, Any] = {"render_mode": "rgb_array"}
     if is_mujoco(env_id):
         kwargs.update(width=settings.width, height=settings.height)
@@ -101,10 +103,10 @@ def render_kwargs(env_id: str, settings: VideoSettings) -> dict[str, Any]:
     return kwargs
 
 
-def is_mujoco(env_id: str) -> bool:
-    """True when the registered entry point is a gymnasium ``MujocoEnv`` (``module:Id`` ids:
-    the module registers the id, as ``gymnasium.make`` does it)."""
-    from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
+def env_creator(env_id: str) -> Any:
+    """The registered entry point of ``env_id`` (``module:Id`` ids: the module registers the
+    id, as ``gymnasium.make`` does it), or None for an id ``gymnasium.make`` will reject with
+    its own message."""
     from gymnasium.envs.registration import load_env_creator
 
     module, _, name = env_id.rpartition(":")
@@ -112,10 +114,25 @@ def is_mujoco(env_id: str) -> bool:
         if module:
             importlib.import_module(module)
         entry = gymnasium.spec(name).entry_point
-        creator = load_env_creator(entry) if isinstance(entry, str) else entry
-    except Exception:  # an id gymnasium.make will reject with its own message
-        return False
+        return load_env_creator(entry) if isinstance(entry, str) else entry
+    except Exception:
+        return None
+
+
+def is_mujoco(env_id: str) -> bool:
+    """True when the registered entry point is a gymnasium ``MujocoEnv``."""
+    from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
+
+    creator = env_creator(env_id)
     return isinstance(creator, type) and issubclass(creator, MujocoEnv)
+
+
+def renders_rgb_array(env_id: str) -> bool:
+    """Whether the env declares ``rgb_array`` among its ``metadata["render_modes"]`` (an env
+    that does not may not even accept a ``render_mode`` argument)."""
+    creator = env_creator(env_id)
+    metadata = getattr(creator, "metadata", None)
+    return isinstance(metadata, dict) and "rgb_array" in (metadata.get("render_modes") or ())
 
 
 class FrameSource:

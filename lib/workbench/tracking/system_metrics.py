@@ -93,15 +93,17 @@ def start_system_metrics(run_id: str, uri: str, interval_s: float, *, resume: bo
 
     On resume it continues the run's ``system/*`` steps (MLflow's ``resume_logging``).
     """
-    import mlflow
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-    mlflow.set_tracking_uri(uri)  # the monitor logs through the fluent client
+    # The monitor's own tracking_uri: mlflow.set_tracking_uri would also export
+    # MLFLOW_TRACKING_URI for the whole process, and the next run of a notebook (or of any
+    # caller) would then log into this run's store whatever its tracking.uri says.
     monitor = SystemMetricsMonitor(
         run_id,
         sampling_interval=interval_s,
         samples_before_logging=1,
         resume_logging=resume,
+        tracking_uri=uri,
     )
     # The monitor samples, aggregates, logs and clears every entry of its `monitors` list:
     # one more there is logged with MLflow's own system metrics, at the same steps.
