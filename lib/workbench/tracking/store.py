@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import re
+import sqlite3
 import tempfile
 import urllib.error
 import urllib.request
@@ -36,7 +37,6 @@ MAX_PARAM_VALUE_LENGTH = 6000
 MAX_TAG_VALUE_LENGTH = 8000
 TRUNCATION_MARK = "...[truncated]"
 SERVER_TIMEOUT_S = 5.0  # one /health request; an unreachable server fails well within 10 s
-SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 
 # MLflow 3's UI opens experiments in its GenAI view (traces, an empty overview) unless the URL
 # asks for the "Model training" workflow (``workflowType=machine_learning``, see ui_link), or,
@@ -134,15 +134,12 @@ def check_sqlite_store(uri: str, db_path: Path) -> None:
     Nothing is created or modified when a check fails; the directory is created otherwise.
     """
     shown = redact_uri(uri)
-    if db_path.exists() and db_path.stat().st_size:
-        with db_path.open("rb") as handle:
-            header = handle.read(len(SQLITE_HEADER))
-        if header != SQLITE_HEADER:
-            raise ConfigError(
-                f"tracking store {shown}: {db_path.name} is not a SQLite database (corrupt or "
-                "another file); move it away, or point MLFLOW_TRACKING_URI / tracking.uri at "
-                "another store"
-            )
+    if db_path.exists() and db_path.stat().st_size and not is_sqlite_file(db_path):
+        raise ConfigError(
+            f"tracking store {shown}: {db_path.name} is not a SQLite database (corrupt or "
+            "another file); move it away, or point MLFLOW_TRACKING_URI / tracking.uri at "
+            "another store"
+        )
     try:
         db_path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=db_path.parent, prefix=".write-test-"):
@@ -154,6 +151,23 @@ def check_sqlite_store(uri: str, db_path: Path) -> None:
             f"({reason}); fix its permissions or point MLFLOW_TRACKING_URI / tracking.uri at a "
             "writable place"
         ) from None
+
+
+def is_sqlite_file(db_path: Path) -> bool:
+    """Whether ``db_path`` holds a SQLite database, asked through SQLite itself (read-only).
+
+    Not by opening the file: closing any descriptor of a file releases every POSIX lock the
+    process holds on it, those of its open SQLite connections included (a notebook's
+    earlier run, a sweep's earlier attempt), and another process may then reset the WAL
+    under them ("database disk image is malformed"). SQLite's own connections share one
+    descriptor per file within a process and keep the locks.
+    """
+    try:
+        with contextlib.closing(sqlite3.connect(f"{db_path.as_uri()}?mode=ro", uri=True)) as db:
+            db.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.DatabaseError as exc:
+        return "not a database" not in str(exc)  # others (busy, cannot open): MLflow's turn
+    return True
 
 
 def artifacts_root(uri: str) -> Path:
