@@ -11,10 +11,12 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 from workbench import processes
 
 from tests.conftest import ROOT
@@ -144,3 +146,18 @@ def wait_text(path: Path, text: str, proc: psutil.Popen, timeout: float = 300) -
         assert proc.poll() is None, path.with_suffix(".err").read_text()
         assert time.monotonic() < deadline, f"no {text!r} in {path}"
         time.sleep(0.1)
+
+
+def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowServer]:
+    """A fresh server for one test: the process's tracking URI and experiments point at it;
+    stopped afterwards (a fixture's body: ``yield from served(tmp_path, monkeypatch)``)."""
+    root = tmp_path / "server"
+    root.mkdir()
+    running = MlflowServer(root)
+    running.start()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", running.url)
+    monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(tmp_path / "experiments"))
+    try:
+        yield running
+    finally:
+        running.stop()

@@ -25,7 +25,13 @@ from workbench.envs.vector import make_envs
 from workbench.tracking import journal, outbox, runs
 from workbench.training import checkpoint, load_config, train
 
-from tests.mlflowserver import MlflowServer, session_processes, start_training, wait_text
+from tests.mlflowserver import (
+    MlflowServer,
+    served,
+    session_processes,
+    start_training,
+    wait_text,
+)
 from tests.teamserver import free_port
 
 from .conftest import ROOT, TINY, run_cli
@@ -192,16 +198,7 @@ def test_locked_store_neither_stalls_nor_loses_metrics(store: Path) -> None:
 
 @pytest.fixture()
 def mlflow_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowServer]:
-    root = tmp_path / "server"
-    root.mkdir()
-    server = MlflowServer(root)
-    server.start()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
-    monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(tmp_path / "experiments"))
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from served(tmp_path, monkeypatch)
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from workbench.training import checkpoint
 
-from tests.mlflowserver import MlflowServer, start_training, wait_text
+from tests.mlflowserver import MlflowServer, served, start_training, wait_text
 from tests.teamserver import logged_in
 
 from .conftest import TINY, run_cli
@@ -30,16 +30,7 @@ QUIET = [*TINY, "env.vec_env=dummy", "console.iteration_lines=true",
 
 @pytest.fixture()
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowServer]:
-    root = tmp_path / "server"
-    root.mkdir()
-    running = MlflowServer(root)
-    running.start()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", running.url)
-    monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(tmp_path / "experiments"))
-    try:
-        yield running
-    finally:
-        running.stop()
+    yield from served(tmp_path, monkeypatch)
 
 
 def artifact_paths(client: MlflowClient, run_id: str, path: str | None = None) -> set[str]:
