@@ -176,14 +176,25 @@ print(result.run_id, [int(line.split()[1]) for line in status.splitlines()
 """
 
 
+# Starts the probe from a parent holding 1 GiB: an exec'd process inherits its parent's peak
+# in ru_maxrss, which a training started from a big process (a test runner) must not report.
+LARGE_PARENT = """
+import subprocess, sys
+held = b"x" * (1 << 30)
+sys.exit(subprocess.run(sys.argv[1:]).returncode)
+"""
+
+
 @pytest.mark.parametrize("backend", ["dummy", "subproc"])
 def test_peak_memory_is_the_process_trees(store: Path, backend: str) -> None:
     """summary/peak_rss_mb against the kernel's own peak of the training process (VmHWM):
-    the same with in-process envs, more with subprocess workers (their memory counts too)."""
+    the same with in-process envs, more with subprocess workers (their memory counts too),
+    and never the memory of the process that started the training."""
     done = subprocess.run(
         # No video: its encoder is an ffmpeg child process, rightly part of the tree's memory.
-        [sys.executable, "-c", PEAK_PROBE, *TINY, f"env.vec_env={backend}", "video.enabled=false",
-         "tracking.system_metrics=false", "console.iteration_lines=false"],
+        [sys.executable, "-c", LARGE_PARENT, sys.executable, "-c", PEAK_PROBE, *TINY,
+         f"env.vec_env={backend}", "video.enabled=false", "tracking.system_metrics=false",
+         "console.iteration_lines=false"],
         capture_output=True, text=True, timeout=300, env=os.environ)
     assert done.returncode == 0, done.stderr[-2000:]
     run_id, vm_hwm = done.stdout.strip().splitlines()[-1].split()

@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import math
 import resource
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import psutil
@@ -171,7 +173,7 @@ class MemoryPeak(BaseCallback):
     """Peak resident memory of the training process tree: this process and its env workers.
 
     The tree's RSS (psutil) is sampled at rollout ends, at most every ``every_s`` seconds, and
-    at training end; this process's own peak is the kernel's (``VmHWM``, ``ru_maxrss``), so a
+    at training end; this process's own peak is the kernel's (``VmHWM``), so a
     short spike between samples is not missed where it matters most. (The peaks of reaped
     children are not added: ``RUSAGE_CHILDREN`` is the largest child ever, not a sum, and
     counts helpers that ended long before training.)
@@ -205,8 +207,22 @@ class MemoryPeak(BaseCallback):
     @property
     def peak_mb(self) -> float:
         """The peak in MiB: the sampled tree's, or this process's own peak if higher."""
-        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-        return max(self.peak_bytes, own) / 2**20
+        return max(self.peak_bytes, own_peak_bytes()) / 2**20
+
+
+def own_peak_bytes() -> int:
+    """This process's peak resident memory: the kernel's ``VmHWM`` where there is one.
+
+    Not ``ru_maxrss`` on Linux: an exec'd process inherits its parent's peak there, so a
+    training started from a large process (a test runner, a notebook server) would report the
+    parent's memory as its own.
+    """
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
 def tree_cpu_seconds() -> float:
