@@ -152,6 +152,19 @@ def test_cli_bad_sweep_input_exits_2_before_writing(store: Path) -> None:
     assert not store.exists()
 
 
+def test_a_resumed_parent_runs_again_without_the_last_invocations_error(store: Path) -> None:
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    experiment_id = client.create_experiment("resumed-parent")
+    run = client.create_run(experiment_id, tags={"error": "the Ray head stopped answering"})
+    client.set_terminated(run.info.run_id, "FAILED")
+    store_module.reopen_parent(client, client.get_run(run.info.run_id))
+    reopened = client.get_run(run.info.run_id)
+    assert reopened.info.status == "RUNNING"
+    assert "error" not in reopened.data.tags
+    store_module.reopen_parent(client, reopened)  # no error tag to remove: still fine
+    assert client.get_run(run.info.run_id).info.status == "RUNNING"
+
+
 # --------------------------------------------------------------------------- real sweeps
 
 

@@ -268,7 +268,9 @@ def test_the_head_dying_ends_the_sweep_with_one_line_and_a_new_head_resumes(
     assert len(by_point) == 3
     for point, runs in by_point.items():
         assert [r.info.status for r in runs].count("FINISHED") == 1, point
-    assert [r.info.run_id for r in runs_of("parent")] == [parent.info.run_id]
+    (resumed,) = runs_of("parent")
+    assert resumed.info.run_id == parent.info.run_id and resumed.info.status == "FINISHED"
+    assert "error" not in resumed.data.tags  # the lost head's error went with its invocation
 
 
 # --------------------------------------------------------------------------- team mode
@@ -362,3 +364,52 @@ def test_a_study_on_the_cluster_keeps_one_storage_when_a_worker_node_dies(
     assert {nodes[r.data.tags[NODE_ID]][0] for r in runs} == {"a", "b"}  # both nodes used
     notebooks = sorted(p.name for p in (store / "tuning" / "on-cluster").glob("*.ipynb"))
     assert notebooks == [f"trial-{n:03d}.ipynb" for n in range(4)]
+
+
+def test_the_head_dying_ends_a_study_with_one_line_and_a_new_head_resumes_it(
+        store: Path, clusters: Callable[..., RayCluster]) -> None:
+    cluster = clusters()
+    args = ["tune", "--n-trials", "3", *TINY_STUDY, "tune.study=lost-head", "tune.executor=ray",
+            "tune.workers=2", "tune.pruner=none", "total_timesteps=8192"]
+    study = start_sweep([*args, f"tune.ray.address={cluster.address}"], env=RECONNECT_30S)
+
+    def trials_training() -> bool:
+        try:
+            return any(r.info.status == "RUNNING" for r in tune_runs("trial"))
+        except Exception:  # the store or its experiment does not exist yet
+            return False
+
+    try:
+        wait_for(trials_training, "a trial training", timeout_s=900)
+        cluster.nodes["head"].kill()
+        out, err = study.communicate(timeout=300)  # bounded: a hang fails here
+    finally:
+        if study.poll() is None:
+            study.send_signal(signal.SIGKILL)
+    assert study.returncode == 1, out[-3000:] + err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("workbench: the Ray head at "), err[-3000:]
+    assert last.endswith("restart the cluster and run the same command again to resume the "
+                         "study"), last
+    assert "Traceback" not in err, err[-3000:]
+    print(f"\nthe study's last line when the head died:\n{last}")
+
+    runs = tune_runs("trial")
+    assert runs and not [r for r in runs if r.info.status == "RUNNING"]  # closed at exit
+    killed = [r for r in runs if r.info.status == "KILLED"]
+    assert killed, "no trial was running when the head died"
+    (parent,) = tune_runs("study")
+    assert parent.info.status == "FAILED"
+    assert parent.data.tags["error"].startswith("the Ray head at ")
+    abandoned = [t for t in study_trials(store, "lost-head") if t.state.name == "FAIL"]
+    assert len(abandoned) == len(killed)  # ... and not counted against the 3
+
+    assert cluster.stop() == []
+    fresh = clusters()
+    again = run_cli(*args, f"tune.ray.address={fresh.address}", env=RECONNECT_30S, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    states = [t.state.name for t in study_trials(store, "lost-head")]
+    assert states.count("COMPLETE") == 3 and states.count("FAIL") == len(killed), states
+    (resumed,) = tune_runs("study")
+    assert resumed.info.run_id == parent.info.run_id and resumed.info.status == "FINISHED"
+    assert "error" not in resumed.data.tags

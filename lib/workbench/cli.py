@@ -127,10 +127,15 @@ def setup_tune(parser: argparse.ArgumentParser) -> Runner:
                              "the command again runs the rest (same as tune.n_trials=N)")
     add_overrides(parser, "env=hopper search=ppo tune.objective=time_to_target "
                           "tune.target=2000 tune.budget_s=120 tune.workers=2")
+    from workbench.sweeps.point import ClusterLost
     from workbench.tuning.study import run_tune
 
     def run(args: argparse.Namespace) -> int:
-        result = run_tune(args.overrides, args.n_trials)
+        try:
+            result = run_tune(args.overrides, args.n_trials)
+        except ClusterLost as exc:
+            print(f"workbench: {exc}", file=sys.stderr)
+            return EXIT_FAILED
         if result.failures:
             listed = ", ".join(f"{r.number} ({r.error})" for r in result.failures)
             print(f"workbench: {len(result.failures)} of {len(result.records)} trials failed: "

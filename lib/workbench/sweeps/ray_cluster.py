@@ -193,31 +193,46 @@ class RayExecutor:
                    "scheduling_strategy": "SPREAD"}
         pending = list(specs)
         inflight: dict[Any, Submitted] = {}
-        watch = HeadWatch(self.gcs_address, reconnect_timeout_s() / 3)
+        watch = self.head_watch()
         try:
             while pending or inflight:
                 while pending and len(inflight) < self.workers:
                     spec = pending.pop(0)
                     named = task.options(**options, name=f"workbench-sweep:{spec.point}")
                     inflight[named.remote(spec)] = Submitted(spec, time.time())
-                try:
-                    ready, _ = ray.wait(list(inflight), num_returns=1, timeout=POLL_S)
-                except OSError as exc:  # this machine's raylet is gone (it was the head's)
-                    raise ClusterLost(f"the Ray head at {self.gcs_address} or this machine's "
-                                      f"Ray node stopped answering ({first_line(str(exc))})"
-                                      ) from exc
-                for ref in ready:
+                for ref in self.wait_ready(list(inflight), watch):
                     report(self.collect(ref, inflight.pop(ref), out_dir))
-                watch.check()
         except KeyboardInterrupt:
             self.stop(inflight, out_dir, report, "interrupted: the sweep was stopped (Ctrl-C "
                       "or SIGTERM)", wait_s=60.0)
             raise
         except ClusterLost as lost:
-            # Within Ray's reconnect timeout: after it, Ray ends this process without a word.
-            self.stop(inflight, out_dir, report, f"{lost}; rerun the sweep to resume",
-                      wait_s=reconnect_timeout_s() / 6, disconnect=True)
+            self.give_up(inflight, out_dir, report, f"{lost}; rerun the sweep to resume")
             raise
+
+    def head_watch(self) -> HeadWatch:
+        """A watch that gives up on the head at a third of Ray's reconnect timeout."""
+        return HeadWatch(self.gcs_address, reconnect_timeout_s() / 3)
+
+    def wait_ready(self, refs: Sequence[Any], watch: HeadWatch) -> list[Any]:
+        """The refs ready within :data:`POLL_S` (maybe none), the head probed meanwhile;
+        :class:`ClusterLost` once the head, or this machine's Ray node, stopped answering."""
+        import ray
+
+        try:
+            ready, _ = ray.wait(list(refs), num_returns=1, timeout=POLL_S)
+        except OSError as exc:  # this machine's raylet is gone (it was the head's)
+            raise ClusterLost(f"the Ray head at {self.gcs_address} or this machine's "
+                              f"Ray node stopped answering ({first_line(str(exc))})") from exc
+        watch.check()
+        return list(ready)
+
+    def give_up(self, inflight: dict[Any, Submitted], out_dir: Path, report: Report,
+                error: str) -> None:
+        """The head is lost: stop and close the tasks in flight, then disconnect, all within
+        Ray's reconnect timeout (after it, Ray ends this process without a word)."""
+        self.stop(inflight, out_dir, report, error, wait_s=reconnect_timeout_s() / 6,
+                  disconnect=True)
 
     def stop(self, inflight: dict[Any, Submitted], out_dir: Path, report: Report, error: str,
              wait_s: float, disconnect: bool = False) -> None:

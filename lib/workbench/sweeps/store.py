@@ -58,13 +58,21 @@ def search_all(client: MlflowClient, experiment_id: str, filter_string: str) -> 
             return runs
 
 
+def reopen_parent(client: MlflowClient, run: Run) -> None:
+    """A resumed sweep's or study's parent: RUNNING again, without the error of the invocation
+    that ended it (this one records its own)."""
+    client.update_run(run.info.run_id, status="RUNNING")
+    if "error" in run.data.tags:
+        client.delete_tag(run.info.run_id, "error")
+
+
 def start_parent_run(client: MlflowClient, experiment_id: str, plan: SweepPlan) -> str:
     """The sweep's parent run: found again on resume (set RUNNING), else created."""
     found = search_all(client, experiment_id,
                        f"tags.sweep_id = '{plan.sweep_id}' and tags.`sweep.role` = 'parent'")
     if found:
         run_id = found[0].info.run_id
-        client.update_run(run_id, status="RUNNING")
+        reopen_parent(client, found[0])
         # `sweep.id=NAME` may extend the sweep (more seeds): the description says so.
         note = found[0].data.tags.get("mlflow.note.content", "")
         if plan.describe() not in note:

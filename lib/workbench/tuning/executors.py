@@ -42,11 +42,17 @@ class TrialBackend(Protocol):
 
     def submit(self, spec: PointSpec, output: Path) -> Any: ...
 
-    def wait(self, handles: Sequence[Any]) -> list[Any]: ...
+    def wait(self, handles: Sequence[Any]) -> list[Any]:
+        """Some finished handles (maybe none: call again); :class:`ClusterLost` when the
+        machines running them are gone."""
 
     def result(self, handle: Any) -> PointOutcome: ...
 
     def interrupt(self) -> None: ...
+
+    def abandon(self, handles: Sequence[Any], error: str) -> dict[Any, PointOutcome]:
+        """After :class:`ClusterLost`: stop what is in flight and close its runs with
+        ``error``; the outcomes that could be had, by handle."""
 
     def close(self) -> None: ...
 
@@ -88,6 +94,15 @@ class LocalTrials:
         for kernel in list(self.kernels.values()):
             kernel.stop("interrupt", grace_s=5.0)
 
+    def abandon(self, handles: Sequence[Any], error: str) -> dict[Any, PointOutcome]:
+        """Stop the kernels (this machine's trials have no cluster to lose)."""
+        self.interrupt()
+        outcomes: dict[Any, PointOutcome] = {}
+        for handle in handles:
+            with contextlib.suppress(Exception):
+                outcomes[handle] = self.result(handle)
+        return outcomes
+
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
@@ -104,6 +119,7 @@ class RayTrials:
         self.workers = self.ray.workers
         self.cpus_per_trial = self.ray.cpus_per_point
         self.inflight: dict[Any, tuple[Submitted, Path]] = {}
+        self.watch = self.ray.head_watch()
 
     def describe(self) -> str:
         return self.ray.describe().replace("points", "trials")
@@ -121,10 +137,8 @@ class RayTrials:
         return ref
 
     def wait(self, handles: Sequence[Any]) -> list[Any]:
-        import ray
-
-        ready, _ = ray.wait(list(handles), num_returns=1)
-        return list(ready)
+        """What finished within a poll; the head is probed meanwhile (:class:`ClusterLost`)."""
+        return self.ray.wait_ready(handles, self.watch)
 
     def result(self, handle: Any) -> PointOutcome:
         submitted, out_dir = self.inflight.pop(handle)
@@ -136,6 +150,21 @@ class RayTrials:
         for ref in self.inflight:
             with contextlib.suppress(Exception):
                 ray.cancel(ref)  # KeyboardInterrupt in the task: it stops its kernel
+
+    def abandon(self, handles: Sequence[Any], error: str) -> dict[Any, PointOutcome]:
+        """The head is lost: the sweep's own give-up (cancel, collect what comes back soon,
+        close the rest KILLED through the tracking store, disconnect)."""
+        inflight = {handle: self.inflight.pop(handle) for handle in handles
+                    if handle in self.inflight}
+        if not inflight:
+            return {}
+        out_dir = next(iter(inflight.values()))[1]
+        found: dict[str, PointOutcome] = {}
+        self.ray.give_up({handle: submitted for handle, (submitted, _) in inflight.items()},
+                         out_dir, lambda outcome: found.__setitem__(outcome.point, outcome),
+                         error)
+        return {handle: found[submitted.spec.point] for handle, (submitted, _) in inflight.items()
+                if submitted.spec.point in found}
 
     def close(self) -> None:
         self.ray.close()

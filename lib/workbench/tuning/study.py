@@ -33,8 +33,22 @@ from mlflow.tracking import MlflowClient
 
 from workbench.config import ConfigError
 from workbench.config.compose import hydra_value
-from workbench.sweeps.point import FAILED, FINISHED, KILLED, SKIPPED, PointOutcome, PointSpec
-from workbench.sweeps.store import child_filter, command_source_tags, prepare_store, search_all
+from workbench.sweeps.point import (
+    FAILED,
+    FINISHED,
+    KILLED,
+    SKIPPED,
+    ClusterLost,
+    PointOutcome,
+    PointSpec,
+)
+from workbench.sweeps.store import (
+    child_filter,
+    command_source_tags,
+    prepare_store,
+    reopen_parent,
+    search_all,
+)
 from workbench.tracking import runs
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import MAX_TAG_VALUE_LENGTH, is_embedded, log_params, truncate
@@ -106,8 +120,10 @@ class Ticket:
 def run_tune(overrides: Sequence[str], n_trials: int | None = None) -> TuneResult:
     """Plan, open the study and the parent run, run trials until the total, report.
 
-    Raises :class:`ConfigError` for a bad request (before anything is written) and
-    ``KeyboardInterrupt`` when stopped (running trials stopped, runs and parent KILLED).
+    Raises :class:`ConfigError` for a bad request (before anything is written),
+    ``KeyboardInterrupt`` when stopped (running trials stopped, runs and parent KILLED) and
+    :class:`ClusterLost` when the Ray head stops answering (the running trials' runs closed
+    KILLED, not counted; the parent FAILED; the same command resumes the study).
     """
     quiet_optuna()
     plan = plan_tune(overrides, n_trials)
@@ -135,17 +151,24 @@ def tune_with(plan: TunePlan, backend: TrialBackend) -> TuneResult:
     done_before = sum(counts(t) for t in study.get_trials(deepcopy=False))
     print_plan(plan, backend, parent_id, done_before)
     plan.out_dir.mkdir(parents=True, exist_ok=True)
-    records, status = run_trials(plan, study, storage, backend, client, parent_id,
-                                 experiment_id)
+    records, status, lost = run_trials(plan, study, storage, backend, client, parent_id,
+                                       experiment_id)
     best = best_trial(study)
     path = write_best(plan, best) if best else None
     wall = time.perf_counter() - started
-    status = finish_parent(client, parent_id, study, records, wall, status, best)
+    status = finish_parent(client, parent_id, study, records, wall, status, best,
+                           error=str(lost) if lost else None)
     result = TuneResult(plan.study, parent_id, status, records, best, path, wall,
                         len(study.get_trials(deepcopy=False)))
     print_results(result, plan)
     if status == KILLED:
         raise KeyboardInterrupt
+    if lost is not None:
+        complete = sum(counts(t) for t in study.get_trials(deepcopy=False))
+        raise ClusterLost(
+            f"{lost}: {complete} of {plan.n_trials} trials done (trials in flight closed "
+            "KILLED, not counted); restart the cluster and run the same command again to "
+            "resume the study") from lost
     return result
 
 
@@ -186,7 +209,7 @@ def parent_run(client: MlflowClient, experiment_id: str, plan: TunePlan, study: 
                        f"tags.sweep_id = '{plan.study}' and tags.`tune.role` = 'study'")
     if found:
         run_id = found[0].info.run_id
-        client.update_run(run_id, status="RUNNING")
+        reopen_parent(client, found[0])
     else:
         tags = {**command_source_tags(), "sweep_id": plan.study, "sweep.role": "parent",
                 "tune.study": plan.study, "tune.role": "study", "env": plan.env,
@@ -211,12 +234,14 @@ def study_description(plan: TunePlan) -> str:
 
 def run_trials(plan: TunePlan, study: Any, storage: Any, backend: TrialBackend,
                client: MlflowClient, parent_id: str, experiment_id: str
-               ) -> tuple[list[TrialRecord], str | None]:
-    """Claim, submit and settle trials until the study has its total; Ctrl-C: KILLED."""
+               ) -> tuple[list[TrialRecord], str | None, ClusterLost | None]:
+    """Claim, submit and settle trials until the study has its total; Ctrl-C: KILLED; a lost
+    Ray head: FAILED, with the :class:`ClusterLost` to report."""
     heartbeat = Heartbeat(storage)
     records: list[TrialRecord] = []
     inflight: dict[Any, Ticket] = {}
     status: str | None = None
+    lost: ClusterLost | None = None
     with progress_bar(plan) as report:
         try:
             while True:
@@ -243,9 +268,18 @@ def run_trials(plan: TunePlan, study: Any, storage: Any, backend: TrialBackend,
             for handle, ticket in inflight.items():
                 outcome = interrupted_outcome(backend, handle, ticket)
                 records.append(settle_trial(plan, study, storage, client, ticket, outcome))
+        except ClusterLost as exc:
+            status, lost = FAILED, exc
+            error = f"{exc}; rerun the study to resume"
+            outcomes = backend.abandon(list(inflight), error)
+            for handle, ticket in inflight.items():
+                outcome = outcomes.get(handle) or PointOutcome(ticket.spec.point, KILLED,
+                                                               error=error)
+                outcome.status = KILLED  # the trial did not fail: its machines went away
+                records.append(settle_trial(plan, study, storage, client, ticket, outcome))
         finally:
             heartbeat.stop()
-    return records, status
+    return records, status, lost
 
 
 def interrupted_outcome(backend: TrialBackend, handle: Any, ticket: Ticket) -> PointOutcome:
@@ -413,9 +447,10 @@ def write_best(plan: TunePlan, best: dict[str, Any]) -> Path:
 
 def finish_parent(client: MlflowClient, parent_id: str, study: Any,
                   records: Sequence[TrialRecord], wall_s: float, status: str | None,
-                  best: dict[str, Any] | None) -> str:
+                  best: dict[str, Any] | None, error: str | None = None) -> str:
     """Close the parent run unless other workers' trials still run (the last one closes it):
-    FINISHED, FAILED when a trial of this invocation failed, KILLED on Ctrl-C."""
+    FINISHED, FAILED when a trial of this invocation failed (or ``error``: the cluster was
+    lost), KILLED on Ctrl-C."""
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
@@ -436,7 +471,7 @@ def finish_parent(client: MlflowClient, parent_id: str, study: Any,
     status = status or (FAILED if failed else FINISHED)
     if status == FAILED:
         client.set_tag(parent_id, "error", truncate(
-            f"{len(failed)} trial(s) failed: " + ", ".join(str(r.number) for r in failed),
+            error or f"{len(failed)} trial(s) failed: " + ", ".join(str(r.number) for r in failed),
             MAX_TAG_VALUE_LENGTH))
     if status != KILLED and TrialState.RUNNING in states:
         return "RUNNING"  # another worker's trials: it closes the parent
