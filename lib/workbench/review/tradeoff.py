@@ -202,9 +202,10 @@ def seconds_curves(point: PointLike) -> list[Series]:
     evaluation (seeds that evaluated at other steps keep their own clock).
     """
     pairs = [(r, c) for r in point.runs if (c := statistics.reward_vs_seconds(r.metrics))]
-    steps = [statistics.reward_series(r.metrics) for r, _ in pairs]
-    if len(pairs) < 2 or any(s is None for s in steps) or any(
-            not np.array_equal(s.steps, steps[0].steps) for s in steps if s is not None):
+    found = [statistics.reward_series(r.metrics) for r, _ in pairs]
+    steps = [s for s in found if s is not None]
+    if len(pairs) < 2 or len(steps) < len(found) or any(
+            not np.array_equal(s.steps, steps[0].steps) for s in steps):
         return [c for _, c in pairs]
     clock = np.mean([c.steps for _, c in pairs], axis=0)
     return [Series(steps=clock, values=c.values) for _, c in pairs]

@@ -35,9 +35,10 @@ CONFIG_FILE = "config.yaml"
 ACTIVATIONS = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU, "elu": torch.nn.ELU}
 
 
-def build_model(cfg: WorkbenchConfig, train_env: VecEnv) -> PPO:
+def build_model(cfg: WorkbenchConfig, train_env: VecEnv, device: str | None = None) -> PPO:
     """SB3 PPO with the configured hyperparameters, network and exploration (every key of
-    ``algo.*`` is one of PPO's constructor arguments or of its ``MlpPolicy``'s)."""
+    ``algo.*`` is one of PPO's constructor arguments or of its ``MlpPolicy``'s), on
+    ``device`` when given (a torch device string), else on the configured one."""
     a, p = cfg.algo, cfg.algo.policy
     policy_kwargs: dict[str, Any] = {
         "net_arch": {"pi": list(p.pi), "vf": list(p.vf)},
@@ -70,7 +71,7 @@ def build_model(cfg: WorkbenchConfig, train_env: VecEnv) -> PPO:
         stats_window_size=a.stats_window_size,
         policy_kwargs=policy_kwargs,
         seed=cfg.seed,
-        device=str(cfg.device),
+        device=device or str(cfg.device),
         verbose=0,
     )
 
@@ -128,9 +129,8 @@ def load_model(model_zip: str | Path, env: VecEnv | None = None, *, allow_pickle
             "allow_pickle=True (CLI: --allow-pickle) only if you created this file"
         )
     cfg = config.from_yaml(config_path.read_text())
-    cfg.device = device
     env = env if env is not None else make_eval_env(EnvSpec.from_config(cfg))
-    model = build_model(cfg, env)
+    model = build_model(cfg, env, device)
     with zipfile.ZipFile(model_zip) as archive:
         weights = torch.load(io.BytesIO(archive.read("policy.pth")), map_location=device,
                              weights_only=True)
