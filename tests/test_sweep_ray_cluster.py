@@ -204,8 +204,10 @@ def test_the_head_dying_ends_the_sweep_with_one_line_and_a_new_head_resumes(
         store: Path, clusters: Callable[..., RayCluster]) -> None:
     cluster = clusters()
     nodes = cluster.node_ids()  # the state API lives on the head: ask before it dies
+    # Long enough (about 40 s idle) that the running point is still training when the sweep
+    # gives up on the head, 10 s after it stopped answering.
     args = ["sweep.num_envs=[2]", "sweep.n_steps=[64]", "sweep.seeds=[0,1,2]",
-            "sweep.workers=2", "total_timesteps=8192"]
+            "sweep.workers=2", "total_timesteps=32768"]
     sweep = start_sweep(sweep_args(cluster, *args), env=RECONNECT_30S)
 
     def second_wave_training() -> bool:
@@ -369,8 +371,10 @@ def test_a_study_on_the_cluster_keeps_one_storage_when_a_worker_node_dies(
 def test_the_head_dying_ends_a_study_with_one_line_and_a_new_head_resumes_it(
         store: Path, clusters: Callable[..., RayCluster]) -> None:
     cluster = clusters()
+    # Long enough that the first trials are still training when the study gives up on the
+    # head, 10 s after it stopped answering.
     args = ["tune", "--n-trials", "3", *TINY_STUDY, "tune.study=lost-head", "tune.executor=ray",
-            "tune.workers=2", "tune.pruner=none", "total_timesteps=8192"]
+            "tune.workers=2", "tune.pruner=none", "total_timesteps=32768"]
     study = start_sweep([*args, f"tune.ray.address={cluster.address}"], env=RECONNECT_30S)
 
     def trials_training() -> bool:

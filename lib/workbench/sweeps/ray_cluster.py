@@ -40,6 +40,7 @@ from mlflow.tracking import MlflowClient
 from workbench.config import ConfigError
 from workbench.sweeps.point import (
     FAILED,
+    FINISHED,
     KILLED,
     POINT_TAGS_ENV,
     RAY_HOSTNAME,
@@ -51,6 +52,7 @@ from workbench.sweeps.point import (
     Report,
     execute_point,
     first_line,
+    outcome_from_run,
     settle_runs,
 )
 
@@ -262,6 +264,11 @@ class RayExecutor:
             client = MlflowClient(submitted.spec.tracking_uri)
             run = settle_runs(client, submitted.spec, submitted.at, error, KILLED,
                               record_missing=False)
+            if run is not None and run.info.status == FINISHED:
+                # Its training ended before the cancel: the result is in the store even if
+                # the task's answer never arrived (a rerun skips the point).
+                report(outcome_from_run(submitted.spec.point, FINISHED, run))
+                continue
             report(PointOutcome(submitted.spec.point, KILLED,
                                 run_id=run.info.run_id if run else None, error=error))
 

@@ -275,7 +275,8 @@ def run_trials(plan: TunePlan, study: Any, storage: Any, backend: TrialBackend,
             for handle, ticket in inflight.items():
                 outcome = outcomes.get(handle) or PointOutcome(ticket.spec.point, KILLED,
                                                                error=error)
-                outcome.status = KILLED  # the trial did not fail: its machines went away
+                if not outcome.ok:  # the trial did not fail: its machines went away
+                    outcome.status = KILLED
                 records.append(settle_trial(plan, study, storage, client, ticket, outcome))
         finally:
             heartbeat.stop()
