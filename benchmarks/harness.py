@@ -3,6 +3,8 @@
 Every measurement runs in a fresh child process (imports, allocator and torch threads start
 clean), and its peak memory is taken two ways: the kernel's exact ``ru_maxrss`` of the child
 (``wait4``) and a sampler over the child's process tree (worker processes of ``subproc``).
+On Linux an exec'd child's ``ru_maxrss`` starts at its parent's memory; when the child never
+went above that (this script's own peak), its sampled ``VmHWM`` is used instead.
 Machine load is recorded before and after, since on shared machines absolute numbers drift:
 compare ratios measured side by side in one run.
 """
@@ -80,14 +82,26 @@ def load_line() -> str:
     return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} cores"
 
 
+def vm_hwm_mb(pid: int | str = "self") -> float:
+    """A process's peak resident memory so far (``VmHWM``, Linux), MiB; 0 where unknown."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    found = [line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")]
+    return int(found[0]) / 1024 if found else 0.0
+
+
 class TreeSampler(threading.Thread):
-    """Samples the RSS of a process and its descendants; keeps each pid's peak."""
+    """Samples the RSS of a process and its descendants; keeps each pid's peak, and the
+    root's own ``VmHWM``."""
 
     def __init__(self, pid: int, interval_s: float = 0.25) -> None:
         super().__init__(daemon=True)
         self.pid = pid
         self.interval_s = interval_s
         self.peaks: dict[int, float] = {}
+        self.root_hwm_mb = 0.0
         self.stopped = threading.Event()
 
     def run(self) -> None:
@@ -106,6 +120,7 @@ class TreeSampler(threading.Thread):
                 except psutil.Error:
                     continue
                 self.peaks[proc.pid] = max(rss, self.peaks.get(proc.pid, 0.0))
+            self.root_hwm_mb = max(self.root_hwm_mb, vm_hwm_mb(self.pid))
             self.stopped.wait(self.interval_s)
 
     def worker_peak_mb(self) -> float:
@@ -128,6 +143,7 @@ class Child:
                  ready: Callable[[list[str]], bool] | None = None) -> None:
         self.command = list(command)
         self.started = time.perf_counter()
+        self.parent_peak_mb = vm_hwm_mb()  # the floor of the child's ru_maxrss (see above)
         pin = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
         self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True,
@@ -174,11 +190,18 @@ class Child:
                              f"{' '.join(self.command)}\n{tail}")
         return {
             "process_s": time.perf_counter() - self.started,
-            "peak_rss_mb": usage.ru_maxrss / 1024,
+            "peak_rss_mb": self.peak_mb(usage.ru_maxrss / 1024),
             "worker_peak_rss_mb": self.sampler.worker_peak_mb(),
             "workers": self.sampler.workers(),
             "stdout": "".join(self.streams["out"]),
         }
+
+    def peak_mb(self, ru_maxrss_mb: float) -> float:
+        """The child's own peak: ``ru_maxrss`` when above what it inherited from this process,
+        else the sampled ``VmHWM``."""
+        if ru_maxrss_mb > self.parent_peak_mb + 1 or not self.sampler.root_hwm_mb:
+            return ru_maxrss_mb
+        return self.sampler.root_hwm_mb
 
     def _drain(self, pipe: Any, name: str, ready: Callable[[list[str]], bool] | None) -> None:
         lines = self.streams[name]
