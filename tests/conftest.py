@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,16 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(experiments))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{experiments / 'mlflow.db'}")
     return experiments
+
+
+@contextlib.contextmanager
+def embedded_store(experiments: Path) -> Iterator[pytest.MonkeyPatch]:
+    """The ``store`` fixture's environment for fixtures wider than one test (module,
+    session): an embedded MLflow store under ``experiments``; yields the patch for more."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WORKBENCH_EXPERIMENTS", str(experiments))
+        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{experiments / 'mlflow.db'}")
+        yield patch
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from .conftest import TINY, run_cli
+from .conftest import TINY, embedded_store, run_cli
 
 SWEEP_ID = "tiny-grid"
 GRID = ["sweep.num_envs=[1,2]", "sweep.n_steps=[64,128]", "sweep.seeds=[0]"]
@@ -48,9 +48,7 @@ def real_sweep(root: Path) -> Sweep:
 
     experiments = root / "report-sweep" / "experiments"
     uri = f"sqlite:///{experiments / 'mlflow.db'}"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", uri)
-        mp.setenv("WORKBENCH_EXPERIMENTS", str(experiments))
+    with embedded_store(experiments) as mp:
         mp.setenv("WORKBENCH_CPU_BUDGET", "2")  # 2 points at a time, 1 core each, anywhere
         for grid in (GRID, EXTRA_SEED):
             result = run_sweep([f"sweep.id={SWEEP_ID}", *grid, "sweep.workers=2", *POINT_TINY])

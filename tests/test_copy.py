@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from workbench import cli
 from workbench.team import migrate
 
-from tests.conftest import TINY
+from tests.conftest import TINY, embedded_store
 from tests.teamserver import ALICE, TeamServer, free_port, logged_in
 
 EXPERIMENT = "copy-source"
@@ -33,9 +33,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
 
     experiments = tmp_path_factory.mktemp("source") / "experiments"
     uri = f"sqlite:///{experiments / 'mlflow.db'}"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("WORKBENCH_EXPERIMENTS", str(experiments))
-        patch.setenv("MLFLOW_TRACKING_URI", uri)
+    with embedded_store(experiments):
         client = MlflowClient(uri)
         experiment_id = client.create_experiment(
             EXPERIMENT, artifact_location=(experiments / "mlartifacts" / EXPERIMENT).as_uri())

@@ -24,7 +24,7 @@ from workbench.envs.vector import make_env
 from workbench.training import load_config, train
 from workbench.training.model import PolicySource
 
-from .conftest import TINY, run_cli
+from .conftest import TINY, embedded_store, run_cli
 
 NORMALIZED = [*TINY, "env.normalize=true", "tracking.system_metrics=false",
               "eval.final_episodes=2"]
@@ -45,9 +45,7 @@ class Exported:
 def module_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """One MLflow store for the module: a single tiny run serves every test."""
     experiments = tmp_path_factory.mktemp("export") / "experiments"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("WORKBENCH_EXPERIMENTS", str(experiments))
-        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{experiments / 'mlflow.db'}")
+    with embedded_store(experiments):
         yield experiments
 
 

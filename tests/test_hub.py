@@ -38,7 +38,7 @@ from workbench.envs.vector import make_envs
 from workbench.training import bundle_format, load_config, train
 from workbench.training.model import build_model
 
-from .conftest import TINY, run_cli
+from .conftest import TINY, embedded_store, run_cli
 
 TOKEN = "hf_WorkbenchTestTokenNeverShown0123456789"
 REPO = "test-org/tiny-ppo"
@@ -137,9 +137,7 @@ class Run:
 @pytest.fixture(scope="module")
 def exported_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     experiments = tmp_path_factory.mktemp("hub") / "experiments"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("WORKBENCH_EXPERIMENTS", str(experiments))
-        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{experiments / 'mlflow.db'}")
+    with embedded_store(experiments) as patch:
         # The token is in the environment while the run is recorded (manifest, params):
         # the greps of the store below then also prove that recording never captures it.
         patch.setenv("HF_TOKEN", TOKEN)

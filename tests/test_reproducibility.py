@@ -21,7 +21,7 @@ from workbench import cli
 from workbench.training import load_config, train
 from workbench.training.lifecycle import configure_determinism
 
-from .conftest import TINY, run_cli
+from .conftest import TINY, embedded_store, run_cli
 
 WALL_CLOCK_PREFIXES = ("time/", "system/")
 WALL_CLOCK_KEYS = {"summary/fps", "summary/wall_time_s", "summary/peak_rss_mb",
@@ -37,9 +37,7 @@ def is_wall_clock(key: str) -> bool:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """Four tiny trainings in one temporary store: seed 0 twice, seed 1, seed 0 deterministic."""
     experiments = tmp_path_factory.mktemp("repro") / "experiments"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("WORKBENCH_EXPERIMENTS", str(experiments))
-        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{experiments / 'mlflow.db'}")
+    with embedded_store(experiments):
         configs = {
             "seed0": ["seed=0"],
             "seed0_again": ["seed=0"],

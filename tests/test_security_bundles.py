@@ -30,6 +30,7 @@ from workbench import cli
 from workbench.deploy import export, hub
 from workbench.training import checkpoint, load_config, train
 
+from .conftest import embedded_store
 from .test_bad_input import tree_state
 from .test_hub import NORMALIZED, offline_cache, populate_cache
 from .trained_run import FinishedRun, finished_run  # noqa: F401
@@ -44,9 +45,7 @@ Files = dict[str, bytes]
 def genuine(tmp_path_factory: pytest.TempPathFactory) -> Files:
     """A real bundle of a tiny trained and exported run, as `workbench hub push` writes it."""
     experiments = tmp_path_factory.mktemp("genuine") / "experiments"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("WORKBENCH_EXPERIMENTS", str(experiments))
-        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{experiments / 'mlflow.db'}")
+    with embedded_store(experiments):
         result = train(load_config(NORMALIZED))
         export.export_run(result.run_id, observations=32, episodes=1, warmup=0)
         folder = experiments / "built"

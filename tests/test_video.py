@@ -24,7 +24,7 @@ from workbench.envs.vector import make_eval_env
 from workbench.training import train
 from workbench.training.trainer import TrainResult
 
-from .conftest import TINY, run_cli
+from .conftest import TINY, embedded_store, run_cli
 
 # 2 episodes of 30 rendered steps each (tiny episodes last 50), 128x96 at 15 fps, and one
 # video during training every 128 steps (at 128 and 256; the budget, 384, gets the final one).
@@ -52,9 +52,7 @@ class TrainingEnvRenderers(BaseCallback):
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     experiments = tmp_path_factory.mktemp("video") / "experiments"
     uri = f"sqlite:///{experiments / 'mlflow.db'}"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("WORKBENCH_EXPERIMENTS", str(experiments))
-        patch.setenv("MLFLOW_TRACKING_URI", uri)
+    with embedded_store(experiments):
         yield uri
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY
+from tests.conftest import TINY, embedded_store
 
 # Tiny, with checkpoints every iteration (128 steps) and the newest two kept.
 CHECKPOINTED = [*TINY, "env.vec_env=dummy", "console.iteration_lines=false",
@@ -43,8 +43,6 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FinishedR
 
     experiments = tmp_path_factory.mktemp("finished") / "experiments"
     uri = f"sqlite:///{experiments / 'mlflow.db'}"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("WORKBENCH_EXPERIMENTS", str(experiments))
-        patch.setenv("MLFLOW_TRACKING_URI", uri)
+    with embedded_store(experiments):
         result = train(load_config(CHECKPOINTED))
     yield FinishedRun(experiments, uri, result.run_id)
