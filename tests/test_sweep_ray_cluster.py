@@ -99,6 +99,13 @@ def child_runs_or_none() -> list[Run]:
         return []
 
 
+def trial_runs_or_none() -> list[Run]:
+    try:
+        return tune_runs("trial")
+    except Exception:  # the store or its experiment does not exist yet
+        return []
+
+
 def start_sweep(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "workbench", *args], cwd=ROOT, text=True,
                             env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
@@ -332,12 +339,8 @@ def test_a_study_on_the_cluster_keeps_one_storage_when_a_worker_node_dies(
     study = start_sweep(args)
 
     def trial_training_on_a() -> bool:
-        try:
-            runs = tune_runs("trial")
-        except Exception:  # the store or its experiment does not exist yet
-            return False
         return any(r.info.status == "RUNNING" and r.data.tags.get(NODE_ID) == node_a
-                   for r in runs)
+                   for r in trial_runs_or_none())
 
     try:
         wait_for(trial_training_on_a, "a trial training on node a", timeout_s=900)
@@ -378,10 +381,7 @@ def test_the_head_dying_ends_a_study_with_one_line_and_a_new_head_resumes_it(
     study = start_sweep([*args, f"tune.ray.address={cluster.address}"], env=RECONNECT_30S)
 
     def trials_training() -> bool:
-        try:
-            return any(r.info.status == "RUNNING" for r in tune_runs("trial"))
-        except Exception:  # the store or its experiment does not exist yet
-            return False
+        return any(r.info.status == "RUNNING" for r in trial_runs_or_none())
 
     try:
         wait_for(trials_training, "a trial training", timeout_s=900)
