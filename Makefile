@@ -27,11 +27,11 @@ TORCH_INDEX ?=
 EXTRAS := dev,team,ray,fast
 DEPS_STAMP := $(VENV)/.deps-$(TORCH)
 STAMP := $(VENV)/.installed-$(TORCH)
-TORCH_ROUTE = $(PYTHON) scripts/torch_build.py $(1) $(2)$(if $(TORCH_INDEX), --index $(TORCH_INDEX))
+TORCH_ROUTE = "$(PYTHON)" scripts/torch_build.py $(1) $(2)$(if $(TORCH_INDEX), --index $(TORCH_INDEX))
 # One pip install, printed first; this machine's notes about local indexes lacking a package
 # are dropped from its stderr.
 pip_install = echo "$(PY) -m pip install $(1)" && \
-	$(PY) -m pip install -q $(1) 2> >(grep -v "^WARNING: Location" >&2)
+	"$(PY)" -m pip install -q $(1) 2> >(grep -v "^WARNING: Location" >&2)
 # The project's Jupyter kernel, "workbench" (notebooks, papermill sweeps); `make kernel` for
 # an environment made otherwise (conda: make kernel VENV=$$CONDA_PREFIX).
 KERNEL := ipykernel install --sys-prefix --name workbench --display-name "Python (workbench)"
@@ -46,7 +46,7 @@ help:
 	@echo "make demo       set up and run the demo sweep (2x2 grid) on the embedded MLflow store"
 	@echo "make test       set up and run the test suite (the default tier: everything not slow)"
 	@echo "make test-unit  the unit tier: seconds, no training, subprocess, server or browser"
-	@echo "make test-slow  the slow tests (CI runs them too)"
+	@echo "make test-slow  the slow tests; make test-all: every tier in one session (CI)"
 	@echo "make ui         MLflow UI on http://127.0.0.1:5000"
 	@echo "make report     review report of the latest sweep (ARGS='--sweep ID' for another)"
 	@echo "make lab        JupyterLab on 127.0.0.1 with the project's kernel"
@@ -61,7 +61,7 @@ setup: $(STAMP)
 
 $(DEPS_STAMP): $(LOCK) scripts/torch_build.py
 	@set -e; torch="$$($(call TORCH_ROUTE,pip-args,$(TORCH)))"; \
-	test -x $(PY) || $(PYTHON) -m venv $(VENV); \
+	test -x "$(PY)" || "$(PYTHON)" -m venv "$(VENV)"; \
 	$(if $(LOCK),$(call pip_install,--no-deps -r $(LOCK));) \
 	$(call pip_install,$$torch)
 	@touch $@
@@ -69,12 +69,12 @@ $(DEPS_STAMP): $(LOCK) scripts/torch_build.py
 $(STAMP): $(DEPS_STAMP) pyproject.toml
 	@$(MAKE) --no-print-directory gl-libs
 	@$(call pip_install,-e '.[$(EXTRAS)]')
-	$(PY) -m pip check
-	$(PY) -m $(KERNEL) >/dev/null
+	"$(PY)" -m pip check
+	"$(PY)" -m $(KERNEL) >/dev/null
 	@touch $@
 
 kernel:
-	$(PY) -m $(KERNEL)
+	"$(PY)" -m $(KERNEL)
 
 # Off-screen rendering for rollout videos (docs/videos.md): Mesa's EGL and, as the fallback,
 # OSMesa, from Debian/Ubuntu's packages when missing (root only; otherwise the command to run
@@ -97,7 +97,7 @@ gl-libs:
 CPU_INDEX = $(shell $(call TORCH_ROUTE,index-url,cpu) 2>/dev/null)
 comma := ,
 lock: setup
-	CUSTOM_COMPILE_COMMAND="make lock" $(VENV)/bin/pip-compile --quiet --strip-extras \
+	CUSTOM_COMPILE_COMMAND="make lock" "$(VENV)/bin/pip-compile" --quiet --strip-extras \
 	  $(foreach extra,$(subst $(comma), ,$(EXTRAS)),--extra $(extra)) \
 	  --unsafe-package torch --unsafe-package pip --unsafe-package distribute \
 	  --no-emit-index-url --no-emit-find-links \
@@ -106,48 +106,56 @@ lock: setup
 	  $(ARGS) -o $(LOCK) pyproject.toml
 
 demo: setup
-	$(PY) -m workbench sweep experiment=demo sweep=demo $(ARGS)
-	$(PY) -m workbench report $(filter tracking.%,$(ARGS))
+	"$(PY)" -m workbench sweep experiment=demo sweep=demo $(ARGS)
+	"$(PY)" -m workbench report $(filter tracking.%,$(ARGS))
 	@echo "Open the results: the report above (index.html, from disk), or make ui  ->  http://127.0.0.1:5000"
 
+# The test tiers are marker expressions chosen here (pyproject.toml sets none, so
+# `pytest tests/<file>::<test>` runs whatever it names): make test runs TIER="not slow", the
+# developer's default; TIER=all runs every tier in one pytest session, as CI does (.ci/run), so
+# the fixtures the tiers share are built once. The 25 slowest tests close every run.
+TIER ?= not slow
+PYTEST = "$(PY)" -m pytest --durations=25 $(if $(filter all,$(TIER)),,-m "$(TIER)")
+
 test: setup
-	$(PY) -m pytest $(ARGS)
+	$(PYTEST) $(ARGS)
 
 test-unit: setup
-	$(PY) -m pytest -m unit $(ARGS)
+	$(MAKE) --no-print-directory test TIER=unit
 
 test-slow: setup
-	$(PY) -m pytest -m slow $(ARGS)
+	$(MAKE) --no-print-directory test TIER=slow
 
-test-all: test test-slow
+test-all: setup
+	$(MAKE) --no-print-directory test TIER=all
 
 lint: setup
-	$(PY) -m ruff check lib tests benchmarks
-	$(VENV)/bin/lint-imports --no-cache
+	"$(PY)" -m ruff check lib tests benchmarks
+	"$(VENV)/bin/lint-imports" --no-cache
 
 typecheck: setup
-	$(PY) -m mypy
+	"$(PY)" -m mypy
 
 ui: setup
-	$(PY) -m workbench ui $(ARGS)
+	"$(PY)" -m workbench ui $(ARGS)
 
 report: setup
-	$(PY) -m workbench report $(ARGS)
+	"$(PY)" -m workbench report $(ARGS)
 
 lab: setup
-	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --no-browser $(ALLOW_ROOT) notebooks/ $(ARGS)
+	"$(VENV)/bin/jupyter" lab --ip 127.0.0.1 --no-browser $(ALLOW_ROOT) notebooks/ $(ARGS)
 
 server: setup
-	$(PY) -m workbench server start $(ARGS)
+	"$(PY)" -m workbench server start $(ARGS)
 
 server-stop: setup
-	$(PY) -m workbench server stop
+	"$(PY)" -m workbench server stop
 
 bench: setup
-	$(PY) benchmarks/bench.py $(ARGS)
+	"$(PY)" benchmarks/bench.py $(ARGS)
 
 gpu-check: setup
-	$(PY) benchmarks/gpu_check.py $(ARGS)
+	"$(PY)" benchmarks/gpu_check.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf "$(VENV)" .pytest_cache .mypy_cache .ruff_cache

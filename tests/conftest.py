@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +24,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Tiny but real: HalfCheetah, 2 envs, 64-step rollouts, 3 PPO iterations (conf/debug/tiny.yaml).
 TINY = ["env=halfcheetah", "debug=tiny"]
+
+
+def stop_as_if_interrupted(signum: int, frame: object) -> None:
+    """SIGTERM handler: raise KeyboardInterrupt, as Ctrl-C does."""
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM (a CI time-out, a scheduler, ``kill``) stops the run as Ctrl-C does: pytest
+    then still tears down every fixture, so the clusters, servers and kernels that fixtures
+    started are stopped instead of outliving the run (by default SIGTERM ends the process at
+    once, and nothing after the fixtures' ``yield`` runs)."""
+    signal.signal(signal.SIGTERM, stop_as_if_interrupted)
 
 
 @pytest.fixture(autouse=True)
@@ -75,8 +89,14 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
     )
 
 
-# Shared fixtures: pages in a real headless chromium (tests/test_report_browser.py,
-# tests/test_ui.py); team mode (tests/test_server.py, tests/test_copy.py): one PostgreSQL +
-# MLflow server per session.
+# Shared fixtures, registered here once: a fixture imported into a test module is a new
+# fixture of that module (a session-scoped one is then built once per importing module), so
+# no test module imports a fixture. Pages in a real headless chromium (tests/browser.py);
+# team mode: one PostgreSQL + MLflow server per session (tests/teamserver.py); a real
+# `mlflow server` per test (tests/mlflowserver.py); one local Ray head per test
+# (tests/raycluster.py); the runs trained once per session (tests/trained_run.py).
 from tests.browser import browser  # noqa: E402, F401
+from tests.mlflowserver import mlflow_server  # noqa: E402, F401
+from tests.raycluster import clusters, ray_head  # noqa: E402, F401
 from tests.teamserver import team_server  # noqa: E402, F401
+from tests.trained_run import exported_policy, finished_run  # noqa: E402, F401

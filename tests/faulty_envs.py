@@ -8,8 +8,10 @@ only the env copy of rank 1 (the one reset with ``seed + 1``), at its ``FAULT_ST
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import gymnasium
@@ -86,8 +88,56 @@ class HangingCheetah(FaultyCheetah):
         return obs, reward
 
 
+class HeldCheetah(FaultyCheetah):
+    """Holds a sweep point or trial mid-training until the test lets it go, instead of a long
+    training that is only probably still running when the test acts (kills a node, a head).
+
+    Every copy, at its ``FAULT_STEP``-th step, writes ``<notebook>.held`` beside the point's
+    executed notebook (``WORKBENCH_NOTEBOOK``, set by the sweep or study for each point) and
+    waits until ``<notebook>.release`` or ``release-all`` in that folder exists: see
+    :func:`held_points` and :func:`release`. Outside a sweep or study it never holds.
+    """
+
+    def misbehave(self, obs: np.ndarray, reward: float) -> tuple[np.ndarray, float]:
+        notebook = os.environ.get("WORKBENCH_NOTEBOOK")
+        if notebook and self.steps == FAULT_STEP:
+            path = Path(notebook)
+            path.with_suffix(".held").touch()
+            while not (path.with_suffix(".release").exists()
+                       or (path.parent / RELEASE_ALL).exists()):
+                time.sleep(0.1)
+        return obs, reward
+
+    def step(self, action: Any) -> Any:  # every copy holds, whatever its rank
+        obs, reward, terminated, truncated, info = HalfCheetahEnv.step(self, action)
+        self.steps += 1
+        obs, reward = self.misbehave(obs, reward)
+        return obs, reward, terminated, truncated, info
+
+
+RELEASE_ALL = "release-all"
+HELD = "tests.faulty_envs:WorkbenchTest/HeldCheetah-v0"
+
+
+def held_points(folder: Path) -> set[str]:
+    """The points (or trials) held now or before under ``folder`` (a store: every sweep's
+    and study's notebook folder under it)."""
+    return {p.stem for p in folder.rglob("*.held")}
+
+
+def release(folder: Path, point: str | None = None) -> None:
+    """Let one held point go (``point``), or every point, now and later (None), in each
+    sweep's or study's notebook folder under ``folder``."""
+    if point is not None:
+        for held in folder.rglob(f"{point}.held"):
+            held.with_suffix(".release").touch()
+        return
+    for notebooks in {p.parent for p in [*folder.rglob("*.held"), *folder.rglob("*.ipynb")]}:
+        (notebooks / RELEASE_ALL).touch()
+
+
 for _cls in (CrashingCheetah, SegfaultingCheetah, NanObservationCheetah, NanRewardCheetah,
-             HugeRewardCheetah, HangingCheetah):
+             HugeRewardCheetah, HangingCheetah, HeldCheetah):
     _id = f"WorkbenchTest/{_cls.__name__}-v0"
     if _id not in gymnasium.envs.registry:
         gymnasium.register(_id, entry_point=f"{__name__}:{_cls.__name__}", max_episode_steps=1000)

@@ -148,9 +148,10 @@ def wait_text(path: Path, text: str, proc: psutil.Popen, timeout: float = 300) -
         time.sleep(0.1)
 
 
-def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowServer]:
+@pytest.fixture()
+def mlflow_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowServer]:
     """A fresh server for one test: the process's tracking URI and experiments point at it;
-    stopped afterwards (a fixture's body: ``yield from served(tmp_path, monkeypatch)``)."""
+    stopped afterwards (registered in tests/conftest.py)."""
     root = tmp_path / "server"
     root.mkdir()
     running = MlflowServer(root)

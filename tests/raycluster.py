@@ -24,15 +24,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 MARKER = "WORKBENCH_TEST_RAY"
 NODE_MARKER = "WORKBENCH_TEST_RAY_NODE"  # which node a process belongs to
 RAY = str(Path(sys.executable).parent / "ray")
+REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 180.0  # a loaded 2-core machine can take a while to start a raylet
 
 
@@ -127,7 +129,11 @@ class RayCluster:
                  worker_env: Mapping[str, Mapping[str, str]] | None = None) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="wbray", dir="/tmp"))
         self.marker = str(self.root)
-        self.base_env = {**(env if env is not None else os.environ), MARKER: self.marker}
+        base = dict(env if env is not None else os.environ)
+        # The repository on every kernel's path: the tests' own env modules (env.id=tests.
+        # faulty_envs:...) import there, as they do in the test process.
+        base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), base.get("PYTHONPATH")]))
+        self.base_env = {**base, MARKER: self.marker}
         self.nodes: dict[str, RayNode] = {}
         try:
             self.head = self.start_node("head", head_cpus, {})
@@ -219,3 +225,104 @@ class RayCluster:
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture()
+def clusters() -> Iterator[Callable[..., RayCluster]]:
+    """Start clusters on demand (a head plus workers ``a`` and ``b`` of 2 CPUs each, or the
+    workers given); every one is stopped, and checked to leave no process, when the test ends:
+    passed, failed, or interrupted (Ctrl-C, or SIGTERM: tests/conftest.py turns it into the
+    same interrupt, so pytest still tears the fixtures down)."""
+    started: list[RayCluster] = []
+
+    def start(workers: Mapping[str, int] | None = None, **kwargs: Any) -> RayCluster:
+        started.append(RayCluster({"a": 2, "b": 2} if workers is None else workers, **kwargs))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        leftovers = []
+        for cluster in started:
+            leftovers += cluster.stop()
+            cluster.remove()
+    assert leftovers == [], f"processes left after the cluster stopped: {leftovers}"
+
+
+# --------------------------------------------------------------------------- one local head
+
+
+def processes_of(temp_dir: Path) -> list[psutil.Process]:
+    """Processes of this test's Ray head: their command line names its temp dir."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if str(temp_dir) in " ".join(proc.info["cmdline"] or []):
+            found.append(proc)
+    return found
+
+
+class RayHead:
+    """``ray start --head --block`` in its own session; SIGTERM stops exactly that cluster.
+
+    (``ray stop`` would stop every Ray process on the machine, other users' clusters too.)
+    """
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        # Short path: Ray puts Unix sockets under it (107-character limit).
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="wbray", dir="/tmp"))
+        self.log_path = self.temp_dir / "head.log"
+        with self.log_path.open("w") as log:
+            self.process = subprocess.Popen(
+                [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
+                 "--node-ip-address=127.0.0.1", f"--port={self.port}", "--num-cpus=2",
+                 f"--temp-dir={self.temp_dir}", "--include-dashboard=false",
+                 "--disable-usage-stats", "--object-store-memory=100000000"],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+            )
+
+    def wait_started(self, timeout_s: float = 180) -> bool:
+        """True once the head is up; False if it exited (or timed out) while starting."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.process.poll() is None:
+            if "Ray runtime started" in self.log_path.read_text():
+                return True
+            time.sleep(1)
+        return False
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # SIGTERM is only handled once startup finished
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+        time.sleep(2)
+        for proc in processes_of(self.temp_dir):  # anything the head left behind
+            proc.kill()
+
+
+@pytest.fixture()
+def ray_head() -> Iterator[str]:
+    """A running local head's address. On a loaded machine the raylet can die at start-up
+    (its wait for the dashboard agent's port file has a hard-coded timeout,
+    ray-project/ray#65983), so a head that fails to start is tried again, up to 3 times."""
+    heads = []
+    try:
+        for _ in range(3):
+            heads.append(RayHead())
+            if heads[-1].wait_started():
+                break
+            heads[-1].stop()
+        else:
+            pytest.fail("the Ray head did not start in 3 attempts:\n"
+                        + heads[-1].log_path.read_text()[-3000:])
+        yield f"127.0.0.1:{heads[-1].port}"
+    finally:
+        for head in heads:
+            if head.process.poll() is None:
+                head.stop()
+        for head in heads:
+            assert processes_of(head.temp_dir) == []
+            shutil.rmtree(head.temp_dir, ignore_errors=True)

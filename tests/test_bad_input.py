@@ -25,7 +25,7 @@ from workbench.training import load_config, train
 from workbench.tuning.plan import plan_tune
 
 from .conftest import TINY, run_cli
-from .trained_run import FinishedRun, finished_run  # noqa: F401
+from .trained_run import FinishedRun
 
 UNKNOWN_ID = "0123456789abcdef0123456789abcdef"
 
@@ -150,7 +150,7 @@ RESUME_ROWS: list[tuple[str, list[str], Callable[[Path], None] | None, str]] = [
 @pytest.mark.parametrize(("overrides", "damage", "expected"),
                          [row[1:] for row in RESUME_ROWS], ids=[row[0] for row in RESUME_ROWS])
 def test_bad_resume(overrides: list[str], damage: Callable[[Path], None] | None, expected: str,
-                    finished_run: FinishedRun, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+                    finished_run: FinishedRun, monkeypatch: pytest.MonkeyPatch,
                     capsys: pytest.CaptureFixture[str]) -> None:
     finished_run.use(monkeypatch)
     folder = finished_run.artifacts() / "checkpoints" / "step-000000000384"
@@ -169,7 +169,7 @@ def test_bad_resume(overrides: list[str], damage: Callable[[Path], None] | None,
             (folder / name).write_bytes(content)
 
 
-def test_resume_of_a_live_run_is_refused(finished_run: FinishedRun,  # noqa: F811
+def test_resume_of_a_live_run_is_refused(finished_run: FinishedRun,
                                          monkeypatch: pytest.MonkeyPatch,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     finished_run.use(monkeypatch)
@@ -191,7 +191,7 @@ def test_resume_of_a_live_run_is_refused(finished_run: FinishedRun,  # noqa: F81
         client.delete_tag(finished_run.run_id, "workbench.heartbeat")
 
 
-def test_notebook_config_that_differs_from_the_run(finished_run: FinishedRun,  # noqa: F811
+def test_notebook_config_that_differs_from_the_run(finished_run: FinishedRun,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """train(cfg) checks a hand-built resume config too (the notebook path)."""
     finished_run.use(monkeypatch)

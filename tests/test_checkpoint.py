@@ -23,7 +23,7 @@ from workbench.training import model as model_io
 from workbench.training.faults import TrainingInterrupted
 
 from .conftest import TINY
-from .trained_run import CHECKPOINTED, FinishedRun, finished_run  # noqa: F401
+from .trained_run import FinishedRun
 
 # Timing values differ between any two runs; everything else must match exactly.
 TIMING = ("time/fps", "time/rollout_s", "time/update_s", "time/rollout_cpu_s", "time/update_cpu_s",
@@ -226,7 +226,7 @@ def test_resume_after_sigint_equals_the_uninterrupted_run(
         assert [(c.step, c.complete) for c in stored] == [(512, True), (768, True)]
 
 
-def test_checkpoint_files_cannot_execute_code(finished_run: FinishedRun) -> None:  # noqa: F811
+def test_checkpoint_files_cannot_execute_code(finished_run: FinishedRun) -> None:
     folder = finished_run.artifacts() / "checkpoints" / "step-000000000384"
     assert sorted(p.name for p in folder.iterdir()) == [
         "arrays.safetensors", "config.yaml", "state.json"]
@@ -272,7 +272,7 @@ def poisoned_copy(model_zip: Path, target: Path, marker: Path) -> Path:
 
 
 def test_models_load_without_unpickling_unless_allowed(
-    finished_run: FinishedRun, tmp_path: Path  # noqa: F811
+    finished_run: FinishedRun, tmp_path: Path
 ) -> None:
     model_dir = finished_run.artifacts() / "model"
     marker = tmp_path / "code-ran"

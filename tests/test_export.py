@@ -4,7 +4,6 @@ with the three verifications: parity, ONNX-only replay, latency (printed, never 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,13 +20,12 @@ from workbench.deploy import export, graph
 from workbench.envs import video
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_env
-from workbench.training import load_config, train
+from workbench.training import load_config
 from workbench.training.model import PolicySource
 
-from .conftest import TINY, embedded_store, run_cli
+from .conftest import embedded_store
+from .trained_run import ExportedPolicy
 
-NORMALIZED = [*TINY, "env.normalize=true", "tracking.system_metrics=false",
-              "eval.final_episodes=2"]
 EXPORT_FILES = {"policy.pt", "policy.onnx", "export_report.json", "samples.npz", "latency.npz",
                 "replay.mp4", "replay.gif"}
 
@@ -42,26 +40,16 @@ class Exported:
 
 
 @pytest.fixture(scope="module")
-def module_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """One MLflow store for the module: a single tiny run serves every test."""
-    experiments = tmp_path_factory.mktemp("export") / "experiments"
-    with embedded_store(experiments):
-        yield experiments
-
-
-@pytest.fixture(scope="module")
-def exported(module_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Exported:
-    """A tiny HalfCheetah run with VecNormalize, exported through the real command line."""
-    result = train(load_config(NORMALIZED))
-    proc = run_cli("export", "--run", result.run_id, "--observations", "64", "--episodes", "3",
-                   "--warmup", "20")
-    assert proc.returncode == 0, proc.stderr
-    print(proc.stdout)  # the report table with the measured figures (pytest -s shows it)
-    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
-    dst = tmp_path_factory.mktemp("download")
-    folder = Path(client.download_artifacts(result.run_id, "export", str(dst)))
-    report = json.loads((folder / "export_report.json").read_text())
-    return Exported(result.run_id, client, folder, report, proc.stdout)
+def exported(exported_policy: ExportedPolicy, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[Exported]:
+    """The session's exported tiny run (tests/trained_run.py), its store in the environment
+    while this module runs, and its export/ artifacts downloaded."""
+    with embedded_store(exported_policy.experiments):
+        client = MlflowClient(exported_policy.uri)
+        dst = tmp_path_factory.mktemp("download")
+        folder = Path(client.download_artifacts(exported_policy.run_id, "export", str(dst)))
+        report = json.loads((folder / "export_report.json").read_text())
+        yield Exported(exported_policy.run_id, client, folder, report, exported_policy.stdout)
 
 
 def load_policy(exported: Exported, tmp_path: Path) -> PolicySource:

@@ -11,7 +11,6 @@ import re
 import sqlite3
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,6 @@ from workbench.training import checkpoint, load_config, train
 
 from tests.mlflowserver import (
     MlflowServer,
-    served,
     session_processes,
     start_training,
     wait_text,
@@ -194,11 +192,6 @@ def test_locked_store_neither_stalls_nor_loses_metrics(store: Path) -> None:
         steps = [m.step for m in client.get_metric_history(result.run_id, key)]
         assert sorted(steps) == list(range(128, 1281, 128)), key
     assert not (store / "outbox" / result.run_id).exists()
-
-
-@pytest.fixture()
-def mlflow_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowServer]:
-    yield from served(tmp_path, monkeypatch)
 
 
 @pytest.mark.slow

@@ -32,18 +32,17 @@ from safetensors.torch import load_file
 from stable_baselines3 import PPO
 from workbench import cli, config
 from workbench.config import ConfigError
-from workbench.deploy import export, hub
+from workbench.deploy import hub
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_envs
 from workbench.training import bundle_format, load_config, train
 from workbench.training.model import build_model
 
-from .conftest import TINY, embedded_store, run_cli
+from .conftest import embedded_store, run_cli
+from .trained_run import HF_TEST_TOKEN, NORMALIZED, ExportedPolicy
 
-TOKEN = "hf_WorkbenchTestTokenNeverShown0123456789"
+TOKEN = HF_TEST_TOKEN
 REPO = "test-org/tiny-ppo"
-NORMALIZED = [*TINY, "env.normalize=true", "tracking.system_metrics=false",
-              "eval.final_episodes=2"]
 BUNDLE = {"README.md", "bundle.json", "config.yaml", "export_report.json",
           "normalization.json", "policy.onnx", "samples.npz", "weights.safetensors", "replay.mp4"}
 
@@ -135,15 +134,13 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-def exported_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    experiments = tmp_path_factory.mktemp("hub") / "experiments"
-    with embedded_store(experiments) as patch:
-        # The token is in the environment while the run is recorded (manifest, params):
-        # the greps of the store below then also prove that recording never captures it.
+def exported_run(exported_policy: ExportedPolicy) -> Iterator[Run]:
+    """The session's exported tiny run (tests/trained_run.py; recorded with the token in
+    the environment), its store in the environment while this module runs."""
+    with embedded_store(exported_policy.experiments) as patch:
         patch.setenv("HF_TOKEN", TOKEN)
-        result = train(load_config(NORMALIZED))
-        export.export_run(result.run_id, observations=32, episodes=1, warmup=0)
-        yield Run(result.run_id, MlflowClient(os.environ["MLFLOW_TRACKING_URI"]), experiments)
+        yield Run(exported_policy.run_id, MlflowClient(exported_policy.uri),
+                  exported_policy.experiments)
 
 
 def hub_env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -312,7 +309,7 @@ def test_pull_offline_from_cache_by_tag_then_commit(exported_run: Run, tmp_path:
     assert proc.stdout.strip().splitlines()[-1] == str(directory)
     assert f"revision 'v1' of {REPO} resolved to commit {commit}" in proc.stdout
     assert {p.name: p.read_bytes() for p in directory.iterdir()} == files
-    assert "parity     32 samples: ONNX Runtime" in proc.stdout
+    assert "parity     64 samples: ONNX Runtime" in proc.stdout
     assert_no_token(proc.stdout, proc.stderr, folders=(directory,))
 
 

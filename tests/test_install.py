@@ -175,8 +175,13 @@ def stand_ins(tmp_path: Path, smi: str | None) -> tuple[dict[str, str], Path, Pa
 def make_setup(tmp_path: Path, smi: str | None, *args: str
                ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     env, venv, log = stand_ins(tmp_path, smi)
+    # The interpreter under a path with a space and non-ASCII characters, as in a checkout
+    # cloned into "新 实验/": every recipe must quote it.
+    python = tmp_path / "新 实验" / "python3"
+    python.parent.mkdir()
+    python.symlink_to(sys.executable)
     proc = subprocess.run(
-        ["make", "--no-print-directory", "setup", f"VENV={venv}", f"PYTHON={sys.executable}",
+        ["make", "--no-print-directory", "setup", f"VENV={venv}", f"PYTHON={python}",
          *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     calls = log.read_text().splitlines() if log.exists() else []
     return proc, calls

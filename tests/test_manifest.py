@@ -38,7 +38,7 @@ from workbench.tracking.redaction import (
 from workbench.tracking.store import ensure_experiment, make_client
 
 from .conftest import ROOT, TINY, run_cli
-from .trained_run import FinishedRun, finished_run  # noqa: F401
+from .trained_run import FinishedRun
 
 REQUIRED_PACKAGES = (
     "torch", "stable-baselines3", "gymnasium", "mujoco", "mlflow", "hydra-core", "papermill",
@@ -491,7 +491,7 @@ def requirement_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line and not line.startswith(("#", "-"))]
 
 
-def test_lock_recreates_a_recorded_run(finished_run: FinishedRun, tmp_path: Path,  # noqa: F811
+def test_lock_recreates_a_recorded_run(finished_run: FinishedRun, tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     """A real run's manifest, through the CLI, into a file pip reads."""

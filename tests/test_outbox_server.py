@@ -17,7 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from workbench.training import checkpoint
 
-from tests.mlflowserver import MlflowServer, served, start_training, wait_text
+from tests.mlflowserver import MlflowServer, start_training, wait_text
 from tests.teamserver import logged_in
 
 from .conftest import TINY, run_cli
@@ -29,8 +29,9 @@ QUIET = [*TINY, "env.vec_env=dummy", "console.iteration_lines=true",
 
 
 @pytest.fixture()
-def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowServer]:
-    yield from served(tmp_path, monkeypatch)
+def server(mlflow_server: MlflowServer) -> MlflowServer:
+    """A real `mlflow server` for one test (tests/mlflowserver.py)."""
+    return mlflow_server
 
 
 def artifact_paths(client: MlflowClient, run_id: str, path: str | None = None) -> set[str]:

@@ -24,7 +24,7 @@ from workbench.review import records, render
 from workbench.review.selection import Selection
 
 from .conftest import TINY, run_cli
-from .test_failures import mlflow_server  # noqa: F401  (a real `mlflow server` fixture)
+from .mlflowserver import MlflowServer
 
 # Run data as a careless or hostile teammate could write it into a shared store.
 SCRIPT = "<script>alert(1)</script>"
@@ -127,7 +127,7 @@ def test_an_odd_sweep_id_never_blocks_the_default_report(tmp_path: Path, sweep_i
     assert [r.name for r in tagged.runs] == [f"child-{sweep_id}"]
 
 
-def test_no_credential_printed_by_a_run_on_a_server(mlflow_server,  # noqa: F811
+def test_no_credential_printed_by_a_run_on_a_server(mlflow_server: MlflowServer,
                                                     tmp_path: Path) -> None:
     password = "pw-s3cret-0123456789"
     token = "tok-abcdef-987654321"

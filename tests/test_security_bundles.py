@@ -27,13 +27,13 @@ import onnx
 import pytest
 from mlflow.tracking import MlflowClient
 from workbench import cli
-from workbench.deploy import export, hub
-from workbench.training import checkpoint, load_config, train
+from workbench.deploy import hub
+from workbench.training import checkpoint
 
 from .conftest import embedded_store
 from .test_bad_input import tree_state
-from .test_hub import NORMALIZED, offline_cache, populate_cache
-from .trained_run import FinishedRun, finished_run  # noqa: F401
+from .test_hub import offline_cache, populate_cache
+from .trained_run import NORMALIZED, ExportedPolicy, FinishedRun
 
 Files = dict[str, bytes]
 
@@ -42,14 +42,12 @@ Files = dict[str, bytes]
 
 
 @pytest.fixture(scope="module")
-def genuine(tmp_path_factory: pytest.TempPathFactory) -> Files:
-    """A real bundle of a tiny trained and exported run, as `workbench hub push` writes it."""
-    experiments = tmp_path_factory.mktemp("genuine") / "experiments"
-    with embedded_store(experiments):
-        result = train(load_config(NORMALIZED))
-        export.export_run(result.run_id, observations=32, episodes=1, warmup=0)
-        folder = experiments / "built"
-        hub.write_bundle(MlflowClient(os.environ["MLFLOW_TRACKING_URI"]), result.run_id, folder)
+def genuine(exported_policy: ExportedPolicy, tmp_path_factory: pytest.TempPathFactory
+            ) -> Files:
+    """A real bundle of the session's tiny exported run, as `workbench hub push` writes it."""
+    folder = tmp_path_factory.mktemp("genuine") / "built"
+    with embedded_store(exported_policy.experiments):
+        hub.write_bundle(MlflowClient(exported_policy.uri), exported_policy.run_id, folder)
     return {p.name: p.read_bytes() for p in folder.iterdir()}
 
 
@@ -392,7 +390,7 @@ def test_a_genuine_bundle_still_pulls(
 
 
 @pytest.fixture()
-def latest(finished_run: FinishedRun, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+def latest(finished_run: FinishedRun, monkeypatch: pytest.MonkeyPatch
            ) -> Iterator[Path]:
     """The run's newest checkpoint folder in its artifacts, restored after the test."""
     finished_run.use(monkeypatch)
@@ -439,7 +437,7 @@ CHECKPOINT_CASES: list[tuple[str, Callable[[dict, Path, str], None], str]] = [
                          ids=[c[0] for c in CHECKPOINT_CASES])
 def test_forged_checkpoint_index_is_one_line(
     change: Callable[[dict, Path, str], None], expected: str, latest: Path,
-    finished_run: FinishedRun, tmp_path: Path, capsys: pytest.CaptureFixture[str],  # noqa: F811
+    finished_run: FinishedRun, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     secret, digest = outside_file(tmp_path)
     edit_state(latest, lambda meta: change(meta, secret, digest))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import sys
@@ -26,6 +27,7 @@ from workbench.sweeps.point import PointOutcome, point_environment, point_specs
 from workbench.training import load_config
 from workbench.training.describe import default_run_name
 
+from . import reportdata
 from .conftest import ROOT, TINY, run_cli
 
 # TINY without the keys the grid sets; no system-metrics thread in each kernel.
@@ -168,18 +170,31 @@ def test_a_resumed_parent_runs_again_without_the_last_invocations_error(store: P
 # --------------------------------------------------------------------------- real sweeps
 
 
-def test_two_by_two_sweep_with_two_workers_then_resume(store: Path) -> None:
-    args = ["sweep", "sweep.num_envs=[1,2]", "sweep.n_steps=[64,128]", "sweep.workers=2",
-            *POINT_TINY]
-    proc = run_cli(*args, env=CORES_2, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def copy_store(source: Path, target: Path) -> str:
+    """Copy an embedded store (database, artifacts, sweep notebooks) to ``target`` and point
+    its runs' artifact locations there, so the copy can be changed without touching the
+    source; returns the copy's tracking URI."""
+    shutil.copytree(source, target)
+    with sqlite3.connect(target / "mlflow.db") as db:
+        for table, column in (("experiments", "artifact_location"), ("runs", "artifact_uri")):
+            db.execute(f"UPDATE {table} SET {column} = replace({column}, ?, ?)",
+                       (str(source), str(target)))
+    return f"sqlite:///{target / 'mlflow.db'}"
 
-    (parent,) = runs_of("parent")
+
+def test_two_by_two_sweep_with_two_workers_then_resume(
+        tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The session's shared sweep (tests/reportdata.py): its first invocation is this 2x2 grid
+    # with two workers on the command line, seed 0; a second one added seed 1 afterwards.
+    shared = reportdata.real_sweep(tmp_path_factory.getbasetemp())
+    proc, parent = shared.first, shared.first_parent
+    client = MlflowClient(shared.uri)
     sweep_id = parent.data.tags["sweep_id"]
     assert parent.info.status == "FINISHED"
     assert parent.data.params["sweep.num_envs"] == "[1, 2]"
     assert parent.data.params["sweep.n_steps"] == "[64, 128]"
-    children = runs_of("child")
+    children = [r for r in reportdata.sweep_runs(shared.uri, "child")
+                if r.data.params["seed"] == "0"]
     names = sorted(r.info.run_name for r in children)
     assert names == ["halfcheetah-ne1-ns128-s0", "halfcheetah-ne1-ns64-s0",
                      "halfcheetah-ne2-ns128-s0", "halfcheetah-ne2-ns64-s0"]
@@ -189,14 +204,13 @@ def test_two_by_two_sweep_with_two_workers_then_resume(store: Path) -> None:
         assert run.data.tags["sweep.point"] == run.info.run_name
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert run.data.params["derived.torch_threads"] == "1"  # 2 cores / 2 workers
-    out_dir = store / "sweeps" / sweep_id
-    assert sorted(p.name for p in out_dir.glob("*.ipynb")) == [f"{n}.ipynb" for n in names]
+    out_dir = shared.experiments / "sweeps" / sweep_id
+    assert sorted(p.name for p in out_dir.glob("*-s0.ipynb")) == [f"{n}.ipynb" for n in names]
     executed = nbformat.read(out_dir / "halfcheetah-ne2-ns64-s0.ipynb", as_version=4)
     assert executed.metadata["papermill"]["parameters"]["parent_run_id"] == parent.info.run_id
     run = next(r for r in children if r.info.run_name == "halfcheetah-ne2-ns64-s0")
-    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     manifest = json.loads(Path(client.download_artifacts(
-        run.info.run_id, "manifest.json", str(store.parent))).read_text())
+        run.info.run_id, "manifest.json", str(tmp_path_factory.mktemp("manifest")))).read_text())
     assert manifest["run"]["notebook"] == str(out_dir / "halfcheetah-ne2-ns64-s0.ipynb")
     assert manifest["run"]["papermill_parameters"]["point"] == "halfcheetah-ne2-ns64-s0"
     # Reviewers on another machine open the executed notebook and the kernel's log from the
@@ -212,29 +226,39 @@ def test_two_by_two_sweep_with_two_workers_then_resume(store: Path) -> None:
             in parent.data.tags["mlflow.note.content"])
     for path in [*out_dir.glob("*.ipynb"), *out_dir.glob("*.log")]:
         assert "database is locked" not in path.read_text(), path
-    with sqlite3.connect(store / "mlflow.db") as db:
+    with sqlite3.connect(shared.experiments / "mlflow.db") as db:
         assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     assert "halfcheetah-ne2-ns128-s0  FINISHED" in proc.stdout  # the result table
+    assert "| training " in proc.stderr and "| point " in proc.stderr  # the two times, named
+    first = parent.data.metrics
+    assert first["sweep/wall_time_s"] == first["sweep/attempt_wall_time_s"]
 
     # An attempt that was hard-killed left a point's run RUNNING with a stale heartbeat:
-    # resuming reaps it (KILLED) before skipping the finished points.
+    # resuming reaps it (KILLED) before skipping the finished points. On a copy of the store,
+    # so the shared sweep stays as the report tests expect it.
+    copy = tmp_path_factory.mktemp("resumed") / "experiments"
+    uri = copy_store(shared.experiments, copy)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(copy))
+    client = MlflowClient(uri)
     dead = client.create_run(parent.info.experiment_id, tags={
         "sweep_id": sweep_id, "sweep.role": "child", "sweep.point": "halfcheetah-ne1-ns64-s0",
         "workbench.heartbeat": f"{time.time() - 3600:.3f}"})
-    again = run_cli(*args, env=CORES_2, timeout=300)
+    before = client.get_run(parent.info.run_id).data.metrics
+    again = run_cli(*reportdata.first_sweep_args(), env=CORES_2, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert ": 0 points (4 FINISHED earlier, skipped)" in again.stdout
     assert f"1 point run(s) of a killed attempt marked KILLED (no heartbeat): {dead.info.run_id}" \
         in again.stdout
     assert client.get_run(dead.info.run_id).info.status == "KILLED"
-    assert sorted(r.info.status for r in runs_of("child")) == ["FINISHED"] * 4 + ["KILLED"]
+    assert sorted(r.info.status for r in runs_of("child")) == ["FINISHED"] * 8 + ["KILLED"]
     assert [r.info.run_id for r in runs_of("parent")] == [parent.info.run_id]
     # The resume that had nothing to run adds its seconds to the sweep's wall time.
-    first, resumed = parent.data.metrics, client.get_run(parent.info.run_id).data.metrics
-    assert first["sweep/wall_time_s"] == first["sweep/attempt_wall_time_s"]
+    resumed = client.get_run(parent.info.run_id).data.metrics
     assert resumed["sweep/wall_time_s"] == pytest.approx(
-        first["sweep/wall_time_s"] + resumed["sweep/attempt_wall_time_s"])
-    assert "| training " in proc.stderr and "| point " in proc.stderr  # the two times, named
+        before["sweep/wall_time_s"] + resumed["sweep/attempt_wall_time_s"])
+    shared_children = reportdata.sweep_runs(shared.uri, "child")  # the source is untouched
+    assert sorted(r.info.status for r in shared_children) == ["FINISHED"] * 8
 
 
 def test_a_point_with_a_bad_parameter_fails_alone(store: Path) -> None:

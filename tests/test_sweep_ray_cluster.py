@@ -5,8 +5,10 @@ Each cluster (tests/raycluster.py) is a head with no CPUs plus two worker nodes 
 ``b`` of 2 CPUs each, every node its own ``ray start --block`` process with its own temp dir,
 ports, custom resource and environment; a test tells where a point ran from the node id the
 point's run records (``ray.node_id``) and the state API's node listing. The sweeps are the
-tests' tiny real trainings (``debug=tiny``) through the real CLI; a node is killed the way a
-machine dies (SIGKILL of its whole process group). Every Ray process, and every kernel the
+tests' tiny real trainings (``debug=tiny``) through the real CLI; where a node or the head is
+killed (the way a machine dies: SIGKILL of its whole process group), the points hold
+mid-training until the test releases them (tests/faulty_envs.py), so they are certainly
+running when it happens. Every Ray process, and every kernel the
 Ray workers started, is gone when a test ends, failed or not (the fixture checks).
 """
 
@@ -18,19 +20,21 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import nbformat
+import psutil
 import pytest
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from .conftest import ROOT, run_cli
-from .raycluster import RayCluster
+from .faulty_envs import HELD, held_points, release
+from .raycluster import RayCluster, marked_processes
 from .teamserver import ALICE, TeamServer, logged_in
 from .test_sweep import POINT_TINY, runs_of
-from .test_tune import TINY_STUDY, study_trials, tune_runs
+from .test_tune import study_trials, tune_runs
 
 ray = pytest.importorskip("ray", reason="the ray extra: pip install -e '.[ray]'")
 
@@ -40,23 +44,11 @@ NODE_ID, NODE_IP, HOSTNAME = "ray.node_id", "ray.node_ip", "ray.hostname"
 # Ray ends a driver whose GCS has been silent this long; the sweep gives up on the head at a
 # third of it. 30 s (Ray's default is 60) keeps the head-loss test short.
 RECONNECT_30S = {"RAY_gcs_rpc_server_reconnect_timeout_s": "30"}
-
-
-@pytest.fixture()
-def clusters() -> Iterator[Callable[..., RayCluster]]:
-    """Start clusters on demand; every one is stopped, and checked to leave no process."""
-    started: list[RayCluster] = []
-
-    def start(**kwargs: object) -> RayCluster:
-        started.append(RayCluster({"a": 2, "b": 2}, **kwargs))  # type: ignore[arg-type]
-        return started[-1]
-
-    yield start
-    leftovers = []
-    for cluster in started:
-        leftovers += cluster.stop()
-        cluster.remove()
-    assert leftovers == [], f"processes left after the cluster stopped: {leftovers}"
+# Points that hold mid-training until the test releases them (tests/faulty_envs.py), so a node
+# or head dies while a point is certainly training, without long trainings.
+HELD_POINT = [f"env.id={HELD}", "env.vec_env=dummy"]
+HELD_STUDY = ["env=halfcheetah", "debug=tiny", "search=tiny", "tracking.system_metrics=false",
+              *HELD_POINT]
 
 
 def sweep_args(cluster: RayCluster, *grid: str) -> list[str]:
@@ -104,6 +96,11 @@ def trial_runs_or_none() -> list[Run]:
         return tune_runs("trial")
     except Exception:  # the store or its experiment does not exist yet
         return []
+
+
+def trial_name(run: Run) -> str:
+    """The name of a trial run's notebook (and of its hold file): ``trial-000``."""
+    return f"trial-{int(run.data.tags['tune.trial']):03d}"
 
 
 def start_sweep(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
@@ -162,14 +159,18 @@ def test_a_worker_node_dying_mid_sweep_loses_and_duplicates_nothing(
     cluster = clusters()
     nodes = cluster.node_ids()
     node_a = next(node_id for node_id, (name, _) in nodes.items() if name == "a")
-    # Long enough that node a's points are still training when it dies.
     args = sweep_args(cluster, "sweep.num_envs=[1,2]", "sweep.n_steps=[64]",
-                      "sweep.seeds=[0,1]", "sweep.workers=4", "total_timesteps=4096")
+                      "sweep.seeds=[0,1]", "sweep.workers=4", *HELD_POINT)
     sweep = start_sweep(args)
     try:
-        wait_for(lambda: any(r.info.status == "RUNNING" and r.data.tags.get(NODE_ID) == node_a
-                             for r in child_runs_or_none()), "a point training on node a")
+        def held_on_a() -> bool:  # a point of node a holds mid-training
+            return any(r.info.status == "RUNNING" and r.data.tags.get(NODE_ID) == node_a
+                       and r.data.tags["sweep.point"] in held_points(store)
+                       for r in child_runs_or_none())
+
+        wait_for(held_on_a, "a point training on node a")
         cluster.nodes["a"].kill()  # the machine dies: raylet, agents, Ray workers at once
+        release(store)  # the other points, and the retries, train to the end
         out, err = sweep.communicate(timeout=900)
     finally:
         if sweep.poll() is None:
@@ -211,23 +212,16 @@ def test_the_head_dying_ends_the_sweep_with_one_line_and_a_new_head_resumes(
         store: Path, clusters: Callable[..., RayCluster]) -> None:
     cluster = clusters()
     nodes = cluster.node_ids()  # the state API lives on the head: ask before it dies
-    # Long enough (about 40 s idle) that the running point is still training when the sweep
-    # gives up on the head, 10 s after it stopped answering.
     args = ["sweep.num_envs=[2]", "sweep.n_steps=[64]", "sweep.seeds=[0,1,2]",
-            "sweep.workers=2", "total_timesteps=32768"]
+            "sweep.workers=2", *HELD_POINT]
     sweep = start_sweep(sweep_args(cluster, *args), env=RECONNECT_30S)
-
-    def second_wave_training() -> bool:
-        """A point FINISHED, and one that started after it is running: it has its whole
-        budget ahead when the head dies."""
-        runs = child_runs_or_none()
-        ends = [r.info.end_time for r in runs if r.info.status == "FINISHED"]
-        return bool(ends) and any(r.info.status == "RUNNING" and r.info.start_time > min(ends)
-                                  for r in runs)
-
+    point_0, point_1, point_2 = (f"halfcheetah-ne2-ns64-s{seed}" for seed in range(3))
     try:
-        wait_for(second_wave_training, "a point FINISHED and the next one running",
-                 timeout_s=900)
+        # The first wave holds; one of its points finishes, the next point starts and holds:
+        # a point FINISHED and two training when the head dies.
+        wait_for(lambda: held_points(store) >= {point_0, point_1}, "the first wave to hold")
+        release(store, point_0)
+        wait_for(lambda: point_2 in held_points(store), "the third point to hold")
         cluster.nodes["head"].kill()
         killed_at = time.monotonic()
         out, err = sweep.communicate(timeout=300)  # bounded: a hang fails here
@@ -266,8 +260,10 @@ def test_the_head_dying_ends_the_sweep_with_one_line_and_a_new_head_resumes(
         assert "Ray head" in run.data.tags.get("error", "") or \
             "interrupted" in run.data.tags.get("error", "")
     finished_before = {r.data.tags["sweep.point"] for r in first if r.info.status == "FINISHED"}
+    assert finished_before == {point_0}
 
     assert cluster.stop() == []  # the old workers gave up on their head, or were stopped
+    release(store)  # the rerun trains every point to the end
     fresh = clusters()
     again = run_cli(*sweep_args(fresh, *args), env=RECONNECT_30S, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
@@ -333,18 +329,19 @@ def test_a_study_on_the_cluster_keeps_one_storage_when_a_worker_node_dies(
     cluster = clusters()
     nodes = cluster.node_ids()
     node_a = next(node_id for node_id, (name, _) in nodes.items() if name == "a")
-    args = ["tune", "--n-trials", "4", *TINY_STUDY, "tune.study=on-cluster",
+    args = ["tune", "--n-trials", "4", *HELD_STUDY, "tune.study=on-cluster",
             "tune.executor=ray", f"tune.ray.address={cluster.address}", "tune.workers=4",
-            "tune.pruner=none", "total_timesteps=4096"]
+            "tune.pruner=none"]
     study = start_sweep(args)
 
-    def trial_training_on_a() -> bool:
+    def trial_held_on_a() -> bool:
         return any(r.info.status == "RUNNING" and r.data.tags.get(NODE_ID) == node_a
-                   for r in trial_runs_or_none())
+                   and trial_name(r) in held_points(store) for r in trial_runs_or_none())
 
     try:
-        wait_for(trial_training_on_a, "a trial training on node a", timeout_s=900)
+        wait_for(trial_held_on_a, "a trial training on node a", timeout_s=900)
         cluster.nodes["a"].kill()
+        release(store)  # the other trials, and the retries, train to the end
         out, err = study.communicate(timeout=1200)
     finally:
         if study.poll() is None:
@@ -374,17 +371,17 @@ def test_a_study_on_the_cluster_keeps_one_storage_when_a_worker_node_dies(
 def test_the_head_dying_ends_a_study_with_one_line_and_a_new_head_resumes_it(
         store: Path, clusters: Callable[..., RayCluster]) -> None:
     cluster = clusters()
-    # Long enough that the first trials are still training when the study gives up on the
-    # head, 10 s after it stopped answering.
-    args = ["tune", "--n-trials", "2", *TINY_STUDY, "tune.study=lost-head", "tune.executor=ray",
-            "tune.workers=2", "tune.pruner=none", "total_timesteps=32768"]
+    # The first trials hold mid-training: they are certainly running when the head dies.
+    args = ["tune", "--n-trials", "2", *HELD_STUDY, "tune.study=lost-head", "tune.executor=ray",
+            "tune.workers=2", "tune.pruner=none"]
     study = start_sweep([*args, f"tune.ray.address={cluster.address}"], env=RECONNECT_30S)
 
-    def trials_training() -> bool:
-        return any(r.info.status == "RUNNING" for r in trial_runs_or_none())
+    def trials_held() -> bool:
+        return any(r.info.status == "RUNNING" and trial_name(r) in held_points(store)
+                   for r in trial_runs_or_none())
 
     try:
-        wait_for(trials_training, "a trial training", timeout_s=900)
+        wait_for(trials_held, "a trial training", timeout_s=900)
         cluster.nodes["head"].kill()
         out, err = study.communicate(timeout=300)  # bounded: a hang fails here
     finally:
@@ -409,6 +406,7 @@ def test_the_head_dying_ends_a_study_with_one_line_and_a_new_head_resumes_it(
     assert len(abandoned) == len(killed)  # ... and not counted against the 2
 
     assert cluster.stop() == []
+    release(store)  # the trials of the rerun train to the end
     fresh = clusters()
     again = run_cli(*args, f"tune.ray.address={fresh.address}", env=RECONNECT_30S, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
@@ -417,3 +415,70 @@ def test_the_head_dying_ends_a_study_with_one_line_and_a_new_head_resumes_it(
     (resumed,) = tune_runs("study")
     assert resumed.info.run_id == parent.info.run_id and resumed.info.status == "FINISHED"
     assert "error" not in resumed.data.tags
+
+
+# --------------------------------------------------------------------------- the fixture
+
+
+# A cluster test as the ones above: a sweep on a cluster, its point held mid-training; it says
+# where its cluster and driver are, then waits to be stopped from outside.
+INNER_TEST = '''
+import os
+import subprocess
+import sys
+import time
+
+from tests.conftest import ROOT
+from tests.faulty_envs import HELD, held_points
+
+
+def test_held_sweep_on_a_cluster(store, clusters):
+    cluster = clusters({"a": 1})
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "workbench", "sweep", "sweep.executor=ray",
+         f"sweep.ray.address={cluster.address}", "sweep.num_envs=[1]", "sweep.n_steps=[64]",
+         "env=halfcheetah", "debug=tiny", "tracking.system_metrics=false",
+         f"env.id={HELD}", "env.vec_env=dummy"], cwd=ROOT)
+    try:
+        while not held_points(store):
+            assert sweep.poll() is None, "the sweep ended before its point held"
+            time.sleep(0.5)
+        with open(os.environ["READY"], "w") as ready:
+            ready.write(f"{cluster.marker}\\n{sweep.pid}\\n")
+        time.sleep(600)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+'''
+
+
+def test_sigterm_to_pytest_mid_cluster_test_leaves_no_process(tmp_path: Path) -> None:
+    """A CI time-out or a ``kill`` stops pytest with SIGTERM in the middle of a cluster test:
+    the cluster (head, worker, Ray workers), the point's kernel and the sweep's driver are all
+    gone afterwards (tests/conftest.py turns SIGTERM into an interrupt, and the ``clusters``
+    fixture stops what it started)."""
+    (tmp_path / "test_inner.py").write_text(INNER_TEST)
+    ready = tmp_path / "ready"
+    inner = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-c", str(ROOT / "pyproject.toml"),
+         "--rootdir", str(ROOT), "-p", "no:cacheprovider", "-q", "-s",
+         str(tmp_path / "test_inner.py")],
+        cwd=ROOT, env={**os.environ, "READY": str(ready)}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: ready.exists() and ready.read_text().count("\n") == 2 or
+                 inner.poll() is not None, "the inner test's point to hold", timeout_s=600)
+        assert inner.poll() is None, inner.communicate()[0][-3000:]
+        marker, driver = ready.read_text().split()
+        assert marked_processes(marker), "the inner test's cluster is not running"
+        assert any("ipykernel" in " ".join(p.cmdline()) for p in marked_processes(marker))
+        inner.send_signal(signal.SIGTERM)
+        out, _ = inner.communicate(timeout=300)
+    finally:
+        if inner.poll() is None:
+            inner.kill()
+    left = [" ".join(p.cmdline()) for p in marked_processes(marker)]
+    assert left == [], out[-3000:]
+    assert not psutil.pid_exists(int(driver)) or \
+        psutil.Process(int(driver)).status() == psutil.STATUS_ZOMBIE, out[-3000:]
+    assert inner.returncode != 0  # interrupted, not passed

@@ -1,4 +1,4 @@
-"""``tune.executor=ray``: a real local Ray head (tests/test_sweep_ray.py's fixture) runs a
+"""``tune.executor=ray``: a real local Ray head (tests/raycluster.py's fixture) runs a
 2-trial study's trials as Ray tasks; their notebooks come back to this machine."""
 
 from __future__ import annotations
@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 
 from .conftest import run_cli
-from .test_sweep_ray import ray_head  # noqa: F401  (the fixture)
 from .test_tune import CORES_2, TINY_STUDY, study_trials, tune_runs
 
 
 @pytest.mark.slow
-def test_ray_executor_runs_trials_as_tasks(store: Path, ray_head: str) -> None:  # noqa: F811
+def test_ray_executor_runs_trials_as_tasks(store: Path, ray_head: str) -> None:
     args = ["tune", "--n-trials", "2", *TINY_STUDY, "tune.study=on-ray", "tune.executor=ray",
             f"tune.ray.address={ray_head}", "tune.workers=2"]
     proc = run_cli(*args, env=CORES_2, timeout=1800)

@@ -1,4 +1,12 @@
-"""A finished tiny run with checkpoints, trained once per test session (read-mostly)."""
+"""Runs trained once per test session and shared (read-mostly), registered by tests/conftest.py.
+
+- ``finished_run``: a tiny run with checkpoints (resume, checkpoint and manifest tests);
+- ``exported_policy``: a tiny VecNormalize run exported through the real command line, the
+  source of the export, Hub and bundle tests.
+
+A fixture is shared only when it is registered once, in conftest.py: a session fixture
+imported into several test modules is built once per module, each with its own cache.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +16,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY, embedded_store
+from tests.conftest import TINY, embedded_store, run_cli
 
 # Tiny, with checkpoints every iteration (128 steps) and the newest two kept.
 CHECKPOINTED = [*TINY, "env.vec_env=dummy", "console.iteration_lines=false",
                 "tracking.system_metrics=false", "checkpoint.every_steps=128",
                 "checkpoint.keep_last=2"]
+# Tiny HalfCheetah with VecNormalize: the normalization statistics travel with the policy.
+NORMALIZED = [*TINY, "env.normalize=true", "tracking.system_metrics=false",
+              "eval.final_episodes=2"]
+# The Hub token is in the environment while the exported run is recorded (manifest, params):
+# the greps of the store in tests/test_hub.py then also prove that recording never captures it.
+HF_TEST_TOKEN = "hf_WorkbenchTestTokenNeverShown0123456789"
+# What `workbench export` is asked for: 64 parity observations, 3 replay episodes, 20 warm-up
+# calls before the latency is measured.
+EXPORT_ARGS = ("--observations", "64", "--episodes", "3", "--warmup", "20")
 
 
 @dataclass(frozen=True)
@@ -37,12 +54,40 @@ class FinishedRun:
         return Path(uri.removeprefix("file://"))
 
 
+@dataclass(frozen=True)
+class ExportedPolicy(FinishedRun):
+    """A finished run whose policy ``workbench export`` exported; ``stdout`` is what it
+    printed (the report table)."""
+
+    stdout: str = ""
+
+
+def store_under(factory: pytest.TempPathFactory, name: str) -> tuple[Path, str]:
+    """A new embedded store's experiments folder and tracking URI."""
+    experiments = factory.mktemp(name) / "experiments"
+    return experiments, f"sqlite:///{experiments / 'mlflow.db'}"
+
+
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FinishedRun]:
     from workbench.training import load_config, train
 
-    experiments = tmp_path_factory.mktemp("finished") / "experiments"
-    uri = f"sqlite:///{experiments / 'mlflow.db'}"
+    experiments, uri = store_under(tmp_path_factory, "finished")
     with embedded_store(experiments):
         result = train(load_config(CHECKPOINTED))
     yield FinishedRun(experiments, uri, result.run_id)
+
+
+@pytest.fixture(scope="session")
+def exported_policy(tmp_path_factory: pytest.TempPathFactory) -> ExportedPolicy:
+    """A tiny HalfCheetah run with VecNormalize, exported through the real command line."""
+    from workbench.training import load_config, train
+
+    experiments, uri = store_under(tmp_path_factory, "exported")
+    with embedded_store(experiments) as patch:
+        patch.setenv("HF_TOKEN", HF_TEST_TOKEN)
+        result = train(load_config(NORMALIZED))
+        proc = run_cli("export", "--run", result.run_id, *EXPORT_ARGS)
+    assert proc.returncode == 0, proc.stderr
+    print(proc.stdout)  # the report table with the measured figures (pytest -s shows it)
+    return ExportedPolicy(experiments, uri, result.run_id, proc.stdout)
