@@ -118,7 +118,7 @@ def test_envpool_seed_call_recreates_pool_with_new_seeds() -> None:
 def test_envpool_matches_gymnasium_v5(env_id: str, steps: int) -> None:
     """Same spaces; without reset noise a fixed action sequence gives the same trajectory.
 
-    Tolerances (module docstring of workbench.envs.envpool_vec): observations 1e-6 absolute (the
+    Tolerances (docs/benchmarks.md#envpool-vs-gymnasium): observations 1e-6 absolute (the
     two MuJoCo builds round differently; HalfCheetah's contacts amplify it past 1e-6 only
     after ~60 steps), rewards 1e-5 relative (EnvPool returns float32).
     """

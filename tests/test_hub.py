@@ -232,6 +232,7 @@ def test_push_uploads_bundle_card_and_tags_run(
         f"value: {mean:.2f} +/- {std:.2f}", exported_run.run_id,
         "From the run's manifest.json:" if has_manifest else "The run has no manifest.json",
         "## Replay", '<video controls loop muted src="replay.mp4"', "| `replay.mp4` | replay video",
+        f"workbench hub pull --repo-id {REPO} --revision {hub.COMMIT_PLACEHOLDER}",
     ]:
         assert expected in card, expected
     assert files["replay.mp4"][4:8] == b"ftyp"  # the export's MP4, listed and hashed above

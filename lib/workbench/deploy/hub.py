@@ -108,11 +108,13 @@ def bundle_directory(text: str) -> Path:
 # --------------------------------------------------------------------------- building a bundle
 
 
-def write_bundle(client: Any, run_id: str, folder: Path) -> dict[str, Any]:
+def write_bundle(client: Any, run_id: str, folder: Path, repo_id: str | None = None
+                 ) -> dict[str, Any]:
     """Write the bundle of run ``run_id`` into ``folder``; returns its index (bundle.json).
 
     The run must have been exported (``export/``); the ONNX graph and samples are those the
-    export verified, so the Hub holds exactly what was checked.
+    export verified, so the Hub holds exactly what was checked. ``repo_id`` (the repository
+    it is pushed to) goes into the model card's pull command.
     """
     from safetensors.torch import save_file
 
@@ -150,7 +152,8 @@ def write_bundle(client: Any, run_id: str, folder: Path) -> dict[str, Any]:
         "manifest": manifest is not None,
         "init_hub_commit": run.data.params.get("init.hub_commit"),
     }
-    card = model_card(index, source.config, report, manifest, replay_video=replay_video)
+    card = model_card(index, source.config, report, manifest, replay_video=replay_video,
+                      repo_id=repo_id)
     (folder / CARD_NAME).write_text(card)
     index["files"] = {p.name: sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
     (folder / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
@@ -211,15 +214,23 @@ def finite(value: float | None) -> float | None:
 
 # --------------------------------------------------------------------------- the model card
 
+# Placeholders of the card's pull command: plain words, so the line stays a valid command.
+REPO_PLACEHOLDER = "ORG/NAME"
+COMMIT_PLACEHOLDER = "COMMIT_SHA"
+
 
 def model_card(
     index: Mapping[str, Any], cfg: WorkbenchConfig, report: Mapping[str, Any],
     manifest: Mapping[str, Any] | None, *, replay_video: bool = False,
+    repo_id: str | None = None,
 ) -> str:
     """README.md: task, algorithm, hyperparameters, result, steps, software, how to reproduce.
 
     The metadata block is written by huggingface_hub's ``ModelCardData`` (model-index with
-    the evaluation result, as the SB3 zoo's cards do).
+    the evaluation result, as the SB3 zoo's cards do). Every command in it is one the
+    ``workbench`` parser accepts (tests/test_printed_commands.py): the pull names ``repo_id``
+    (:data:`REPO_PLACEHOLDER` when not known) and :data:`COMMIT_PLACEHOLDER`, since the card
+    is part of the commit whose SHA it would name.
     """
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
@@ -274,8 +285,9 @@ def model_card(
         "## Reproduce",
         "",
         "```bash",
-        "# this bundle, pinned (the revision is this commit's SHA, see the repo's history):",
-        "workbench hub pull repo_id=<this repo> revision=<commit sha>",
+        f"# this bundle, pinned: {COMMIT_PLACEHOLDER} is this commit's SHA (the repo's history)",
+        shlex.join(["workbench", "hub", "pull", "--repo-id", repo_id or REPO_PLACEHOLDER,
+                    "--revision", COMMIT_PLACEHOLDER]),
         "# the training run (the exact resolved configuration is config.yaml):",
         reproduce_command(cfg, index.get("init_hub_commit")),
         "```",
@@ -519,7 +531,7 @@ def push(
             raise BundleError(f"run {run_id}: export verification failed; nothing pushed")
     with tempfile.TemporaryDirectory(prefix="workbench-hub-") as tmp:
         folder = Path(tmp) / "bundle"
-        index = write_bundle(client, run_id, folder)
+        index = write_bundle(client, run_id, folder, repo_id)
         api = HfApi()
         api.create_repo(repo_id, private=private, exist_ok=True)
         files = sorted(p.name for p in folder.iterdir())

@@ -6,8 +6,8 @@ and the backend changes the numbers (EnvPool's reset noise differs from gymnasiu
 
 - ``envpool`` when it is installed and runs the task as configured (one of its gymnasium
   MuJoCo tasks, kwargs it knows, no ``env.randomization``): its C++ threads step without
-  Python per env step, about twice ``dummy``'s rate on 2 cores and more with more cores
-  (``benchmarks/physics.py``, docs/benchmarks.md);
+  Python per env step, faster than ``dummy`` and more so with more cores
+  (docs/benchmarks.md#physics-limit-and-sampling);
 - ``dummy`` otherwise: one process, the easiest to debug. ``subproc`` (one process per env,
   pipes in between) is never chosen by ``auto``: it pays only for expensive steps on spare
   cores, which a user pins with ``env.vec_env=subproc`` after measuring.

@@ -37,9 +37,7 @@ def auto_torch_threads(num_envs: int, vec_env: str, budget: int | None = None) -
     process (EnvPool's threads sleep while the learner runs). Of the cores left, the learner
     takes one thread per ``LEARNER_CORES_PER_THREAD``: PPO's small MLPs gain little from
     intra-op threads, and OpenMP threads wait for each other at every operation, so one busy
-    core elsewhere stalls them all. Measured on 2 shared cores (docs/benchmarks.md): two
-    threads trained ~10% faster than one on an idle machine and 2-4x slower as soon as
-    another process wanted a core.
+    core elsewhere stalls them all (measured: docs/benchmarks.md#envvec_envauto-and-torch-threads).
     """
     budget = budget or cpu_budget()
     if vec_env == "subproc":

@@ -1,9 +1,8 @@
 """``env.vec_env=envpool``: an SB3 ``VecEnv`` over EnvPool's C++ MuJoCo tasks (extra ``fast``).
 
 EnvPool (https://envpool.readthedocs.io) steps a batch of MuJoCo environments in C++ threads,
-without a Python ``step`` per environment. On 2 cores it samples HalfCheetah-v5 about 2x
-faster than SB3's ``DummyVecEnv`` (see ``benchmarks/physics.py``); on many-core servers the gap
-grows with the thread count.
+without a Python ``step`` per environment, so it samples faster than SB3's ``DummyVecEnv``, the
+more so the more cores (docs/benchmarks.md#physics-limit-and-sampling).
 
 What this adapter adds so that SB3 (PPO, ``VecNormalize``, ``evaluate_policy``) sees exactly
 what it gets from ``make_vec_env``:
@@ -21,17 +20,12 @@ what it gets from ``make_vec_env``:
   the pool at the next ``reset`` when the seeds differ.
 
 Compared with gymnasium's ``-v5`` classes (checked in ``tests/test_backends.py``): the same
-observation and action spaces (float64 observations; EnvPool declares its action box float64,
-the adapter exposes gymnasium's float32 box with the same bounds); both return rewards as
-float32 through SB3 (EnvPool computes them in float32: relative difference ~1e-7 per step).
-With the reset noise switched off and a fixed action sequence, HalfCheetah-, Hopper-,
-Walker2d- and Swimmer-v5 agree to ~1e-12 over the first steps; in contact-rich tasks
-floating-point round-off then grows chaotically (HalfCheetah: 1e-6 after ~60 steps; Ant and
-Humanoid differ by 1e-8..1e-2 from the first step), so long returns agree statistically, not
-bit for bit. Reset noise is drawn
-from EnvPool's own generator, so seed ``s`` gives a different (equally distributed) start state
-than gymnasium's seed ``s``. Extra per-step info keys (``x_velocity``, ``reward_ctrl``, ...) are
-not forwarded; SB3 does not use them.
+observation and action spaces (the adapter exposes gymnasium's float32 action box where EnvPool
+declares float64); with the same actions both agree up to floating-point round-off, which grows
+chaotically in contact-rich tasks, so long returns agree statistically, not bit for bit, and
+reset noise comes from EnvPool's own generator. The figures:
+docs/benchmarks.md#envpool-vs-gymnasium. Extra per-step info keys (``x_velocity``,
+``reward_ctrl``, ...) are not forwarded; SB3 does not use them.
 """
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ class FrameSource:
 
     def configure_scene(self) -> None:
         """Shadows and reflections off unless asked for: on a software renderer they take
-        most of the frame's time (benchmarks/video_cost.py)."""
+        most of the frame's time (docs/benchmarks.md#rollout-videos)."""
         if self.settings.shadows:
             return
         import mujoco

@@ -5,7 +5,7 @@
   implements it: the interquartile mean (25 % trimmed mean over all runs) and a percentile
   interval from resampling the runs *within* each task (stratum) with replacement. ``rliable``
   itself is not a dependency: it pins ``arch < 8``, whose releases fail to import with the
-  pandas the workbench installs, and it draws seaborn and statsmodels in; the few lines below
+  pandas the workbench installs, and it draws seaborn and statsmodels in; the functions below
   are checked against its definitions (tests/test_statistics.py).
 - **Performance profiles** (rliable's score distributions): the fraction of runs whose score
   exceeds a threshold τ, for every τ, with the same bootstrap's pointwise intervals.

@@ -11,12 +11,9 @@ Design (a training neither dies after minutes of retries nor silently drops metr
    or locked, the thread retries with a capped backoff (0.5 s doubling to 15 s) while training
    goes on; MLflow's own HTTP retries are shortened for the run so one attempt fails fast.
    Consecutive metric batches (one per PPO iteration) are merged into one ``log_batch`` call
-   at most every ``batch_interval_s`` (1 s): a call costs an SQLite store ~13 ms of CPU
-   whatever its size, which at several iterations per second took ~5% of a 2-core machine
-   from training. (The delivery thread's work also makes the training thread wait for the
-   GIL: ~60 waits per second were counted at 1 s, half at 5 s, but the wall-time ratio of
-   ``benchmarks/tracking_overhead.py`` did not move measurably, while heartbeats, tags and
-   outage detection queued behind the longer wait, so 1 s stayed.)
+   at most every ``batch_interval_s`` (1 s): a call costs the store about the same CPU whatever
+   its size, and a longer interval bought nothing measurable while heartbeats, tags and
+   outage detection queued behind it (docs/benchmarks.md#tracking-overhead).
 3. **Only an acknowledged write leaves the journal.** A refusal is judged first
    (:mod:`workbench.tracking.rejection`): a refused login is retried like an outage, a run
    the store lost is re-created from the journal, a run in the store's trash waits, and only

@@ -19,8 +19,8 @@ execute code when loaded: ``arrays.safetensors`` (every array and tensor), ``con
 and ``state.json`` (all other values, the SHA-256 of the two files). ``state.json`` is
 uploaded last: a checkpoint without it is incomplete and ignored.
 
-A snapshot is captured in memory at every iteration boundary (cheap; measured by
-``benchmarks/robustness.py``) and written every ``checkpoint.every_steps`` steps, at the end
+A snapshot is captured in memory at every iteration boundary (cheap:
+docs/benchmarks.md#robustness-costs) and written every ``checkpoint.every_steps`` steps, at the end
 of training, and when training is interrupted or fails (the last good boundary).
 """
 
