@@ -79,9 +79,11 @@ def setup_train(parser: argparse.ArgumentParser) -> Runner:
 
 def run_train(args: argparse.Namespace) -> int:
     """Train one run and print its MLflow run id (or, with ``--cfg job``, the config)."""
+    # The config layer's checks first: a typo answers before torch, SB3 and MLflow load.
+    composed = config.precheck(args.overrides)
     from workbench.training import load_config, train  # torch, SB3, MLflow: only to train
 
-    cfg = load_config(args.overrides)
+    cfg = load_config(args.overrides, composed)
     if args.cfg == "job":  # as Hydra's --cfg job: the composed, checked config, no run
         print(config.to_yaml(cfg), end="")
         return EXIT_OK
