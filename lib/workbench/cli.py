@@ -104,11 +104,14 @@ def setup_sweep(parser: argparse.ArgumentParser) -> Runner:
     """``workbench sweep [OVERRIDES]``."""
     add_overrides(parser, "env=hopper 'sweep.num_envs=[1,2,4]' 'sweep.n_steps=[128,256]' "
                           "'sweep.seeds=[0,1]' total_timesteps=50000")
-    from workbench.sweeps.sweep import ClusterLost, run_sweep
+    from workbench.sweeps import request
 
     def run(args: argparse.Namespace) -> int:
+        checked = request.check_request(args.overrides)  # before MLflow, torch, the simulator
+        from workbench.sweeps.sweep import ClusterLost, run_sweep
+
         try:
-            result = run_sweep(args.overrides)
+            result = run_sweep(checked)
         except ClusterLost as exc:
             print(f"workbench: {exc}", file=sys.stderr)
             return EXIT_FAILED

@@ -22,12 +22,8 @@ from pathlib import Path
 from workbench import config, paths
 from workbench.config import ConfigError, TuneConfig, WorkbenchConfig
 from workbench.envs.checks import check_config
-from workbench.sweeps.plan import (
-    check_no_password_travels,
-    compose_typed,
-    override_key,
-    refuse_password_on_ray,
-)
+from workbench.sweeps.plan import check_no_password_travels, refuse_password_on_ray
+from workbench.sweeps.request import compose_typed, override_key
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import resolve_tracking_uri
 from workbench.tuning.objectives import Objective
