@@ -132,12 +132,15 @@ def setup_tune(parser: argparse.ArgumentParser) -> Runner:
                              "the command again runs the rest (same as tune.n_trials=N)")
     add_overrides(parser, "env=hopper search=ppo tune.objective=time_to_target "
                           "tune.target=2000 tune.budget_s=120 tune.workers=2")
-    from workbench.sweeps.point import ClusterLost
-    from workbench.tuning.study import run_tune
+    from workbench.tuning import request
 
     def run(args: argparse.Namespace) -> int:
+        checked = request.check_request(args.overrides, args.n_trials)  # before MLflow, torch
+        from workbench.sweeps.point import ClusterLost
+        from workbench.tuning.study import run_tune
+
         try:
-            result = run_tune(args.overrides, args.n_trials)
+            result = run_tune(checked)
         except ClusterLost as exc:
             print(f"workbench: {exc}", file=sys.stderr)
             return EXIT_FAILED
