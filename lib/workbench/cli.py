@@ -210,18 +210,31 @@ def setup_report(parser: argparse.ArgumentParser) -> Runner:
 
 def setup_export(parser: argparse.ArgumentParser) -> Runner:
     """``workbench export --run RUN_ID | --bundle DIR | --repo-id ORG/NAME --revision REV``."""
-    from workbench.deploy import commands
+    from workbench.deploy import arguments
 
-    commands.add_export_arguments(parser)
-    return commands.export_command
+    arguments.add_export_arguments(parser)
+
+    def run(args: argparse.Namespace) -> int:
+        arguments.check_export_arguments(args)  # before torch, SB3, MLflow and the simulator
+        from workbench.deploy import commands
+
+        return commands.export_command(args)
+
+    return run
 
 
 def setup_hub(parser: argparse.ArgumentParser) -> Runner:
     """``workbench hub push|pull``."""
-    from workbench.deploy import commands
+    from workbench.deploy import arguments
 
-    commands.add_hub_arguments(parser)
-    return commands.hub_command
+    arguments.add_hub_arguments(parser)
+
+    def run(args: argparse.Namespace) -> int:
+        from workbench.deploy import commands
+
+        return commands.hub_command(args)
+
+    return run
 
 
 @dataclass(frozen=True)
