@@ -202,10 +202,17 @@ def setup_manifest(parser: argparse.ArgumentParser) -> Runner:
 
 def setup_report(parser: argparse.ArgumentParser) -> Runner:
     """``workbench report [selectors] [output options] [thresholds] [OVERRIDES]``."""
-    from workbench.review import report
+    from workbench.review import options
 
-    report.add_cli_arguments(parser)
-    return report.run_command
+    options.add_cli_arguments(parser)
+
+    def run(args: argparse.Namespace) -> int:
+        options.check_arguments(args)  # before MLflow, matplotlib, torch and the simulator
+        from workbench.review import report
+
+        return report.run_command(args)
+
+    return run
 
 
 def setup_export(parser: argparse.ArgumentParser) -> Runner:
