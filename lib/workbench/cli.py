@@ -8,9 +8,12 @@ Exit codes: 0 success; 2 bad input, reported in one line before any compute;
 130/143 interrupted (SIGINT/SIGTERM); 1 anything else.
 
 Each command's module is imported only when that command runs (the ``from workbench...``
-lines inside the ``setup_*`` functions): ``workbench --help`` or a typo then answers at once
-instead of loading torch, MLflow and matplotlib first. This is the only layer that imports
-lazily, and nothing imports it.
+lines inside the ``setup_*`` functions), and a command that loads torch, stable-baselines3,
+MLflow, matplotlib or the simulator imports those modules only after its input is checked:
+its arguments come from a light module (``deploy.arguments``, ``review.options``), its config
+is composed and checked by the config layer or the light request modules
+(``sweeps.request``, ``tuning.request``) first. ``workbench --help`` or a typo then answers
+at once. This is the only layer that imports lazily, and nothing imports it.
 """
 
 from __future__ import annotations
