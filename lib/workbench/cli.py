@@ -8,9 +8,12 @@ Exit codes: 0 success; 2 bad input, reported in one line before any compute;
 130/143 interrupted (SIGINT/SIGTERM); 1 anything else.
 
 Each command's module is imported only when that command runs (the ``from workbench...``
-lines inside the ``setup_*`` functions): ``workbench --help`` or a typo then answers at once
-instead of loading torch, MLflow and matplotlib first. This is the only layer that imports
-lazily, and nothing imports it.
+lines inside the ``setup_*`` functions), and a command that loads torch, stable-baselines3,
+MLflow, matplotlib or the simulator imports those modules only after its input is checked:
+its arguments come from a light module (``deploy.arguments``, ``review.options``), its config
+is composed and checked by the config layer or the light request modules
+(``sweeps.request``, ``tuning.request``) first. ``workbench --help`` or a typo then answers
+at once. This is the only layer that imports lazily, and nothing imports it.
 """
 
 from __future__ import annotations
@@ -79,9 +82,11 @@ def setup_train(parser: argparse.ArgumentParser) -> Runner:
 
 def run_train(args: argparse.Namespace) -> int:
     """Train one run and print its MLflow run id (or, with ``--cfg job``, the config)."""
+    # The config layer's checks first: a typo answers before torch, SB3 and MLflow load.
+    composed = config.precheck(args.overrides)
     from workbench.training import load_config, train  # torch, SB3, MLflow: only to train
 
-    cfg = load_config(args.overrides)
+    cfg = load_config(args.overrides, composed)
     if args.cfg == "job":  # as Hydra's --cfg job: the composed, checked config, no run
         print(config.to_yaml(cfg), end="")
         return EXIT_OK
@@ -102,11 +107,14 @@ def setup_sweep(parser: argparse.ArgumentParser) -> Runner:
     """``workbench sweep [OVERRIDES]``."""
     add_overrides(parser, "env=hopper 'sweep.num_envs=[1,2,4]' 'sweep.n_steps=[128,256]' "
                           "'sweep.seeds=[0,1]' total_timesteps=50000")
-    from workbench.sweeps.sweep import ClusterLost, run_sweep
+    from workbench.sweeps import request
 
     def run(args: argparse.Namespace) -> int:
+        checked = request.check_request(args.overrides)  # before MLflow, torch, the simulator
+        from workbench.sweeps.sweep import ClusterLost, run_sweep
+
         try:
-            result = run_sweep(args.overrides)
+            result = run_sweep(checked)
         except ClusterLost as exc:
             print(f"workbench: {exc}", file=sys.stderr)
             return EXIT_FAILED
@@ -127,12 +135,15 @@ def setup_tune(parser: argparse.ArgumentParser) -> Runner:
                              "the command again runs the rest (same as tune.n_trials=N)")
     add_overrides(parser, "env=hopper search=ppo tune.objective=time_to_target "
                           "tune.target=2000 tune.budget_s=120 tune.workers=2")
-    from workbench.sweeps.point import ClusterLost
-    from workbench.tuning.study import run_tune
+    from workbench.tuning import request
 
     def run(args: argparse.Namespace) -> int:
+        checked = request.check_request(args.overrides, args.n_trials)  # before MLflow, torch
+        from workbench.sweeps.point import ClusterLost
+        from workbench.tuning.study import run_tune
+
         try:
-            result = run_tune(args.overrides, args.n_trials)
+            result = run_tune(checked)
         except ClusterLost as exc:
             print(f"workbench: {exc}", file=sys.stderr)
             return EXIT_FAILED
@@ -194,26 +205,46 @@ def setup_manifest(parser: argparse.ArgumentParser) -> Runner:
 
 def setup_report(parser: argparse.ArgumentParser) -> Runner:
     """``workbench report [selectors] [output options] [thresholds] [OVERRIDES]``."""
-    from workbench.review import report
+    from workbench.review import options
 
-    report.add_cli_arguments(parser)
-    return report.run_command
+    options.add_cli_arguments(parser)
+
+    def run(args: argparse.Namespace) -> int:
+        options.check_arguments(args)  # before MLflow, matplotlib, torch and the simulator
+        from workbench.review import report
+
+        return report.run_command(args)
+
+    return run
 
 
 def setup_export(parser: argparse.ArgumentParser) -> Runner:
     """``workbench export --run RUN_ID | --bundle DIR | --repo-id ORG/NAME --revision REV``."""
-    from workbench.deploy import commands
+    from workbench.deploy import arguments
 
-    commands.add_export_arguments(parser)
-    return commands.export_command
+    arguments.add_export_arguments(parser)
+
+    def run(args: argparse.Namespace) -> int:
+        arguments.check_export_arguments(args)  # before torch, SB3, MLflow and the simulator
+        from workbench.deploy import commands
+
+        return commands.export_command(args)
+
+    return run
 
 
 def setup_hub(parser: argparse.ArgumentParser) -> Runner:
     """``workbench hub push|pull``."""
-    from workbench.deploy import commands
+    from workbench.deploy import arguments
 
-    commands.add_hub_arguments(parser)
-    return commands.hub_command
+    arguments.add_hub_arguments(parser)
+
+    def run(args: argparse.Namespace) -> int:
+        from workbench.deploy import commands
+
+        return commands.hub_command(args)
+
+    return run
 
 
 @dataclass(frozen=True)

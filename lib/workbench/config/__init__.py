@@ -18,6 +18,7 @@ from workbench.config.compose import (
     conf_dir,
     group_options,
     load_config,
+    precheck,
 )
 from workbench.config.derived import Derived, derive
 from workbench.config.errors import ConfigError
@@ -60,5 +61,5 @@ __all__ = [
     "TuneConfig", "TuneObjective", "TunePruner", "TuneSampler", "VideoConfig",
     "WorkbenchConfig",
     "check_overrides", "check_values", "compose", "conf_dir", "derive", "flatten", "from_yaml",
-    "group_options", "load_config", "schema_type", "to_dict", "to_yaml", "validate",
+    "group_options", "load_config", "precheck", "schema_type", "to_dict", "to_yaml", "validate",
 ]

@@ -103,6 +103,21 @@ def load_config(overrides: Sequence[str] = ()) -> WorkbenchConfig:
     return validate(compose(overrides))
 
 
+def precheck(overrides: Sequence[str] = ()) -> DictConfig:
+    """Compose ``overrides`` and run every check of this layer; returns the composition.
+
+    Keys, group options and types (:func:`compose`), ranges and cross-field checks
+    (:func:`validate`): everything that needs no simulator, learner or store, so the CLI
+    answers a typo before those load. ``resume=<run_id>`` skips the range checks: that run's
+    config comes from the store and may differ from the composition. A run's loader continues
+    from the returned composition (:func:`workbench.training.load_config`).
+    """
+    composed = compose(overrides)
+    if not composed.get("resume"):
+        validate(composed)
+    return composed
+
+
 # --------------------------------------------------------------------------- overrides
 
 

@@ -40,6 +40,14 @@ from stable_baselines3.common.vec_env import VecNormalize
 
 from workbench import config
 from workbench.config import ConfigError, RandomizationConfig, WorkbenchConfig
+from workbench.deploy.arguments import (
+    DEFAULT_CALLS,
+    DEFAULT_EPISODES,
+    DEFAULT_OBSERVATIONS,
+    DEFAULT_WARMUP,
+    check_budget,
+)
+from workbench.deploy.arguments import MIN_CALLS as MIN_CALLS  # benchmarks/gpu_check.py's
 from workbench.deploy.graph import (
     INPUT_NAME,
     OUTPUT_NAME,
@@ -59,11 +67,6 @@ from workbench.tracking.store import is_embedded, make_client, resolve_tracking_
 from workbench.training.model import PolicySource
 
 PARITY_TOLERANCE = 1e-5  # max abs action difference allowed on CPU
-DEFAULT_OBSERVATIONS = 256
-DEFAULT_EPISODES = 5
-DEFAULT_CALLS = 1000
-DEFAULT_WARMUP = 100
-MIN_CALLS = 1000  # latency percentiles need enough samples for a meaningful p99
 OBS_SEED_OFFSET = 30_000  # seeds apart from training (seed + r) and evaluation (seed + 10000)
 REPLAY_SEED_OFFSET = 20_000
 REPORT_NAME = "export_report.json"
@@ -435,21 +438,6 @@ def export_run(
         artifact_uri = client.get_run(run_id).info.artifact_uri
     result.directory = Path(f"{artifact_uri}/{ARTIFACT_DIR}")
     return result
-
-
-def check_budget(observations: int, episodes: int, calls: int, warmup: int) -> None:
-    """Reject sizes the checks cannot work with, before anything runs."""
-    if observations < 1:
-        raise ConfigError(f"observations={observations}: must be >= 1 (e.g. 256)")
-    if episodes < 1:
-        raise ConfigError(f"episodes={episodes}: must be >= 1 (e.g. episodes=5)")
-    if calls < MIN_CALLS:
-        raise ConfigError(
-            f"calls={calls}: latency needs at least {MIN_CALLS} timed calls for a p99; "
-            f"use calls={MIN_CALLS} or more"
-        )
-    if warmup < 0:
-        raise ConfigError(f"warmup={warmup}: must be >= 0 (e.g. warmup=100)")
 
 
 # --------------------------------------------------------------------------- presentation

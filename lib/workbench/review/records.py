@@ -13,7 +13,6 @@ import os
 import re
 import sys
 import tempfile
-import urllib.parse
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,10 +35,9 @@ from workbench.tracking.store import ui_link
 if TYPE_CHECKING:  # mlflow and matplotlib load on use: `workbench --help` stays fast
     from mlflow.entities import Run
     from mlflow.tracking import MlflowClient
+from workbench.review.options import DEFAULT_UI_URL, NAME_PATTERN, check_ui_url
 from workbench.review.selection import SWEEP_ID, SWEEP_POINT, Selection, find_runs
 
-DEFAULT_UI_URL = "http://127.0.0.1:5000"
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # a report folder's name
 # Params that differ between seeds or only say where/how a run was recorded: not part of
 # what makes a grid point.
 POINT_IGNORED = ("seed", "derived.", "tracking.", "console.", "sweep.", "env.num_envs",
@@ -336,22 +334,6 @@ def sweep_description(parent: Run, runs: Sequence[RunRecord]) -> str:
     steps = f" of {budget} steps" if budget else ""
     return (f"Sweep {parent.data.tags.get(SWEEP_ID, '')} on {env}: {grid}, {len(runs)} point "
             f"runs{steps}; parent run {parent.info.status}.")
-
-
-def check_ui_url(url: str) -> str:
-    """``url`` if it can be the base of run links: ``http(s)://host[...]``, no credentials.
-
-    Every link of the report starts with it, so another scheme (``javascript:``, ``data:``,
-    ``file:``) or a ``user:password@`` part would be written into each one.
-    """
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"--ui-url {url!r}: not an http(s) URL; give the MLflow UI's address, "
-                          f"e.g. {DEFAULT_UI_URL}")
-    if parts.username or parts.password:
-        raise ConfigError(f"--ui-url {redact_uri(url)}: holds a user name or password, which "
-                          "every link would carry; give the address without them")
-    return url
 
 
 def build_report(

@@ -20,10 +20,10 @@ from matplotlib.figure import Figure
 
 from workbench.review import figures
 from workbench.review.diagnostics import GPU_KEY, Series
+from workbench.review.options import MIN_GAIN
 from workbench.tracking.metric_keys import PROCESS_MEMORY_KEY
 
 MIN_RUNGS = 3  # fewer num_envs values are a grid, not a ladder
-MIN_GAIN = 0.10  # a doubling that buys less throughput than this is past the knee
 MEMORY_SHARE = 0.8  # default budget: this share of the (smallest) machine's memory
 GPU_MEMORY_KEY = "system/gpu_0_memory_usage_megabytes"  # MLflow's GPU monitor, first GPU
 

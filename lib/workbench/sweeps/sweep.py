@@ -51,6 +51,7 @@ from workbench.sweeps.point import (
     outcome_from_run,
     point_specs,
 )
+from workbench.sweeps.request import SweepRequest
 from workbench.sweeps.store import (
     finished_children,
     prepare_store,
@@ -81,9 +82,10 @@ class SweepResult:
         return [o for o in self.outcomes if not o.ok]
 
 
-def run_sweep(overrides: Sequence[str]) -> SweepResult:
+def run_sweep(overrides: Sequence[str] | SweepRequest) -> SweepResult:
     """Plan, prepare the store, run the points, close the parent run, print the table.
 
+    ``overrides`` may be checked already (:func:`workbench.sweeps.request.check_request`).
     Raises :class:`ConfigError` for a bad request (before anything is written),
     ``KeyboardInterrupt`` when stopped (running points are stopped and marked KILLED) and
     :class:`ClusterLost` when the Ray head stops answering (the same, then the parent run is

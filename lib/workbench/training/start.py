@@ -35,13 +35,17 @@ from workbench.training.resume import prepare as resume_prepare
 from workbench.training.snapshot import restore
 
 
-def load_config(overrides: Sequence[str] = ()) -> WorkbenchConfig:
+def load_config(overrides: Sequence[str] = (),
+                composed: DictConfig | None = None) -> WorkbenchConfig:
     """Compose and check the config of a training run (``resume=<run_id>`` included).
 
     With ``resume=<run_id>`` the result is that run's own config plus the overrides a resume
-    may change (:data:`workbench.training.resume.MAY_CHANGE`).
+    may change (:data:`workbench.training.resume.MAY_CHANGE`). ``composed`` is
+    ``config.compose(overrides)`` (or :func:`workbench.config.precheck`'s result) when the
+    caller has it already: the CLI checks the config before this module's imports load.
     """
-    composed = config.compose(overrides)
+    if composed is None:
+        composed = config.compose(overrides)
     cfg = resume_config(composed, overrides) if composed.get("resume") else config.validate(
         composed)
     check_config(cfg)

@@ -1,6 +1,7 @@
 """Tuning: Optuna studies whose trials are executions of notebooks/train.ipynb (``workbench tune``).
 
-    plan.py        a tuning request checked into a plan (space, objective, study name)
+    request.py     a tuning request's config checked, no simulator or store (space, objective)
+    plan.py        the request checked into a plan (env checks, tracking store, study storage)
     space.py       search.params as dimensions, and a trial's values as overrides
     objectives.py  final return, seconds to a target, area under return vs time; pruner reports
     storage.py     the study's RDB storage (SQLite beside MLflow's, the team PostgreSQL), locks

@@ -1,55 +1,29 @@
-"""A tuning request, checked: the search space, the objective, the study and every trial's
-shared overrides, before anything is computed or written.
+"""A tuning request, planned: the checked request plus what needs the simulator and the stores.
 
-``plan_tune(overrides)`` composes the request (``search=ppo`` unless another search space is
-chosen), checks the space (:mod:`workbench.tuning.space`), the objective and its settings
-(a target above what the task can return by definition is bad input), the sampler and the
-keys every trial sets, and returns a :class:`TunePlan`. The study name is the env and the
-objective plus a hash of the space, the objective and the shared overrides, so the same
-command finds its study again (resumable); ``tune.n_trials`` is the study's total.
+``plan_tune(overrides)`` checks the request's config (:func:`workbench.tuning.request.
+check_request`: the space, the objective, the sampler, the keys every trial sets), then the
+env checks once, the tracking store and the study's storage, and returns a :class:`TunePlan`:
+nothing computed or written yet.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from workbench import config, paths
-from workbench.config import ConfigError, TuneConfig, WorkbenchConfig
+from workbench import paths
+from workbench.config import TuneConfig, WorkbenchConfig
 from workbench.envs.checks import check_config
-from workbench.sweeps.plan import (
-    check_no_password_travels,
-    compose_typed,
-    override_key,
-    refuse_password_on_ray,
-)
+from workbench.sweeps.plan import check_no_password_travels, refuse_password_on_ray
+from workbench.sweeps.request import compose_typed
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import resolve_tracking_uri
 from workbench.tuning.objectives import Objective
-from workbench.tuning.space import SearchSpace, largest_rollout, parse_space
+from workbench.tuning.request import TuneRequest, check_request
+from workbench.tuning.space import SearchSpace
 from workbench.tuning.storage import storage_url
-
-DEFAULT_SEARCH = "search=ppo"
-STUDY_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")
-# Keys every trial gets from the study; overriding them for all trials is an error.
-TRIAL_KEYS = {"eval.every_steps": "tune.eval_every_steps", "tracking.run_name": "the trial name"}
-# The most a task returns per step by definition (reward bounded above), for the target check;
-# tasks not listed (locomotion: forward velocity) have no such bound. id -> (per step, bonus).
-RETURN_BOUNDS: dict[str, tuple[float, float]] = {
-    "InvertedPendulum-v5": (1.0, 0.0),  # +1 per step the pole stays up
-    "InvertedDoublePendulum-v5": (10.0, 0.0),  # alive bonus 10 minus penalties
-    "CartPole-v1": (1.0, 0.0),
-    "Pendulum-v1": (0.0, 0.0),  # a cost: -(angle^2 + ...) <= 0
-    "Acrobot-v1": (0.0, 0.0),  # -1 per step until the goal
-    "MountainCar-v0": (0.0, 0.0),  # -1 per step until the goal
-    "MountainCarContinuous-v0": (0.0, 100.0),  # +100 at the goal minus action costs
-    "Reacher-v5": (0.0, 0.0),  # distance and control costs
-}
 
 
 @dataclass(frozen=True)
@@ -88,38 +62,19 @@ class TunePlan:
         }
 
 
-def plan_tune(overrides: Sequence[str], n_trials: int | None = None) -> TunePlan:
-    """Compose and check a tuning request; raises :class:`ConfigError` on bad input."""
-    overrides = list(overrides)
-    if not any(override_key(o) == "search" for o in overrides):
-        overrides.insert(0, DEFAULT_SEARCH)
-    typed = compose_typed(overrides)
-    config.check_values(typed)  # the tune.* ranges among them
-    space = parse_space(typed.search.name, typed.search.params)
-    point_overrides = [o for o in overrides if not is_study_override(o)]
-    check_trial_keys(point_overrides, space)
-    tune = typed.tune
-    objective = Objective(str(tune.objective), tune.target, tune.budget_s,
-                          tune.eval_every_steps, tune.report_every_s)
-    point_overrides.insert(0, f"eval.every_steps={tune.eval_every_steps}")
-    base = compose_typed(point_overrides)
-    config.check_values(base)
-    check_config(base)  # the env checks, once: every trial shares env.id, kwargs
-    check_objective(objective, base)
-    check_budget(space, base)
-    check_sampler(tune, space)
+def plan_tune(overrides: Sequence[str] | TuneRequest, n_trials: int | None = None) -> TunePlan:
+    """Check a tuning request and plan it; raises :class:`ConfigError` on bad input.
+
+    The config checks are :func:`workbench.tuning.request.check_request`'s (``overrides``
+    may be its result already, ``n_trials`` then unused); then the tracking store is
+    resolved, the env checks run once (every trial shares env.id, kwargs) and the study's
+    storage is found.
+    """
+    request = (overrides if isinstance(overrides, TuneRequest)
+               else check_request(overrides, n_trials))
+    base, tune = request.base, request.settings
     tracking_uri = resolve_tracking_uri(base.tracking.uri)
-    study = tune.study or study_identity(base.env.name, space, objective, point_overrides)
-    if not STUDY_PATTERN.match(study):
-        raise ConfigError(f"tune.study={study!r}: use letters, digits, '_', '.', '-' only")
-    total = n_trials if n_trials is not None else tune.n_trials
-    if total < 1:
-        raise ConfigError(f"--n-trials {total}: must be >= 1")
-    if str(tune.sampler) == "grid":
-        total = min(total, space.grid_size())
-    if tune.ray.gpus_per_point < 0:
-        raise ConfigError(f"tune.ray.gpus_per_point={tune.ray.gpus_per_point:g}: must be >= 0 "
-                          "(0: the trials get no GPU from Ray)")
+    check_config(base)  # the env checks, once: every trial shares env.id, kwargs
     on_ray = str(tune.executor) == "ray"
     if on_ray:
         check_no_password_travels(tracking_uri, "tune.executor")
@@ -127,10 +82,11 @@ def plan_tune(overrides: Sequence[str], n_trials: int | None = None) -> TunePlan
     if on_ray:
         check_no_password_in_storage(storage)
     return TunePlan(
-        study=study, env=base.env.name, space=space, objective=objective, settings=tune,
-        n_trials=total, base=base, point_overrides=point_overrides, tracking_uri=tracking_uri,
+        study=request.study, env=base.env.name, space=request.space,
+        objective=request.objective, settings=tune, n_trials=request.n_trials, base=base,
+        point_overrides=request.point_overrides, tracking_uri=tracking_uri,
         experiment=base.tracking.experiment, storage=storage,
-        out_dir=paths.experiments_dir() / "tuning" / study,
+        out_dir=paths.experiments_dir() / "tuning" / request.study,
     )
 
 
@@ -142,108 +98,6 @@ def check_no_password_in_storage(storage: str) -> None:
         "with tune.executor=ray the storage URL travels in every Ray task, password included; "
         "remove the password from the URL and give it to every node through its environment "
         "before `ray start` (PostgreSQL: PGPASSWORD or ~/.pgpass)")
-
-
-def is_study_override(text: str) -> bool:
-    """Overrides of the study itself (``tune.*``, ``search``, ``search.*``), not of trials."""
-    key = override_key(text)
-    return key in ("tune", "search") or key.startswith(("tune.", "search."))
-
-
-def check_trial_keys(overrides: Sequence[str], space: SearchSpace) -> None:
-    """Refuse overrides of keys each trial gets from the study or its sampled values."""
-    sampled = space.targets()
-    for text in overrides:
-        key = override_key(text)
-        if key in sampled:
-            name = sampled[key]
-            raise ConfigError(
-                f"{text!r} on the command line: {key} is sampled per trial by "
-                f"search.params.{name}; drop it from the search (~search.params.{name}) to fix "
-                "its value, or change its range"
-            )
-        if key in TRIAL_KEYS:
-            raise ConfigError(f"{text!r} on the command line: {key} is set per trial by the "
-                              f"study; use {TRIAL_KEYS[key]} instead")
-
-
-def check_objective(objective: Objective, base: WorkbenchConfig) -> None:
-    """The objective's settings: a target and a budget where it needs them, a reachable target."""
-    name = objective.name
-    if name == "time_to_target" and objective.target is None:
-        raise ConfigError("tune.objective=time_to_target needs tune.target=RETURN (the return "
-                          "to reach, e.g. tune.target=900)")
-    if name != "time_to_target" and objective.target is not None:
-        raise ConfigError(f"tune.target={objective.target:g}: only tune.objective="
-                          f"time_to_target uses a target (this study: {name}); drop tune.target")
-    if objective.timed and objective.budget_s is None:
-        raise ConfigError(f"tune.objective={name} needs tune.budget_s=SECONDS (each trial's "
-                          "training time; a trial that never reaches the target scores it), "
-                          "e.g. tune.budget_s=120")
-    if objective.target is not None:
-        bound = return_bound(base)
-        if bound is not None and objective.target > bound[0]:
-            raise ConfigError(
-                f"tune.target={objective.target:g}: {base.env.id} cannot return more than "
-                f"{bound[0]:g} per episode by definition ({bound[1]}); choose a target "
-                f"<= {bound[0]:g}"
-            )
-
-
-def return_bound(cfg: WorkbenchConfig) -> tuple[float, str] | None:
-    """The most one episode can return by the task's definition, with the reason, or None."""
-    if cfg.env.id not in RETURN_BOUNDS:
-        return None
-    per_step, bonus = RETURN_BOUNDS[cfg.env.id]
-    if per_step == 0:
-        return bonus, (f"its rewards are costs, plus at most {bonus:g} at the goal" if bonus
-                       else "every reward is a cost <= 0")
-    steps = cfg.env.max_episode_steps or registered_episode_steps(cfg.env.id)
-    if steps is None:
-        return None
-    return per_step * steps + bonus, f"at most {per_step:g} per step x {steps} steps"
-
-
-def registered_episode_steps(env_id: str) -> int | None:
-    """The time limit gymnasium registers for ``env_id``."""
-    import gymnasium
-
-    try:
-        return gymnasium.spec(env_id).max_episode_steps
-    except gymnasium.error.Error:
-        return None
-
-
-def check_budget(space: SearchSpace, base: WorkbenchConfig) -> None:
-    """``total_timesteps`` must hold the largest rollout the space can sample."""
-    num_envs, n_steps = largest_rollout(space, base.env.num_envs, base.algo.n_steps)
-    if num_envs * n_steps > base.total_timesteps:
-        raise ConfigError(
-            f"total_timesteps={base.total_timesteps} is smaller than the largest rollout the "
-            f"search space samples (num_envs {num_envs} x n_steps {n_steps} = "
-            f"{num_envs * n_steps}): raise total_timesteps or narrow search.params"
-        )
-
-
-def check_sampler(tune: TuneConfig, space: SearchSpace) -> None:
-    """The sampler fits the space (a grid needs choices) and its package is installed."""
-    if str(tune.sampler) == "grid":
-        space.grid()
-    if str(tune.sampler) == "cmaes":
-        try:
-            import cmaes  # noqa: F401  (Optuna's CmaEsSampler needs it)
-        except ImportError as exc:
-            raise ConfigError("tune.sampler=cmaes needs the cmaes package: pip install cmaes "
-                              "(make setup installs it)") from exc
-
-
-def study_identity(env: str, space: SearchSpace, objective: Objective,
-                   point_overrides: Sequence[str]) -> str:
-    """``<env>-<objective>-<8 hex>``: the same request gives the same study (resumable)."""
-    payload = json.dumps({"space": space.as_dict(), "objective": objective.as_dict(),
-                          "overrides": list(point_overrides)}, sort_keys=True)
-    digest = hashlib.sha256(payload.encode()).hexdigest()[:8]
-    return f"{env}-{objective.name.replace('_', '-')}-{digest}"
 
 
 def trial_config(plan: TunePlan, values: dict[str, object]) -> WorkbenchConfig:

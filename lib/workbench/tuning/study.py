@@ -57,6 +57,7 @@ from workbench.tuning.executors import TrialBackend, make_backend
 from workbench.tuning.methods import PRUNER_ATTR, build_pruner, build_sampler, pruner_settings
 from workbench.tuning.objectives import UNITS, curve_from_metrics
 from workbench.tuning.plan import TunePlan, plan_tune, trial_config
+from workbench.tuning.request import TuneRequest
 from workbench.tuning.storage import (
     COUNTED,
     PRUNED_AT,
@@ -117,11 +118,13 @@ class Ticket:
     adjusted: dict[str, Any] = field(default_factory=dict)
 
 
-def run_tune(overrides: Sequence[str], n_trials: int | None = None) -> TuneResult:
+def run_tune(overrides: Sequence[str] | TuneRequest, n_trials: int | None = None) -> TuneResult:
     """Plan, open the study and the parent run, run trials until the total, report.
 
-    Raises :class:`ConfigError` for a bad request (before anything is written),
-    ``KeyboardInterrupt`` when stopped (running trials stopped, runs and parent KILLED) and
+    ``overrides`` may be checked already (:func:`workbench.tuning.request.check_request`,
+    ``n_trials`` then unused). Raises :class:`ConfigError` for a bad request (before
+    anything is written), ``KeyboardInterrupt`` when stopped (running trials stopped, runs
+    and parent KILLED) and
     :class:`ClusterLost` when the Ray head stops answering (the running trials' runs closed
     KILLED, not counted; the parent FAILED; the same command resumes the study).
     """
