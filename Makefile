@@ -113,9 +113,13 @@ demo: setup
 # The test tiers are marker expressions chosen here (pyproject.toml sets none, so
 # `pytest tests/<file>::<test>` runs whatever it names): make test runs TIER="not slow", the
 # developer's default; TIER=all runs every tier in one pytest session, as CI does (.ci/run), so
-# the fixtures the tiers share are built once. The 25 slowest tests close every run.
+# the fixtures the tiers share are built once. TEST_WORKERS pytest-xdist workers share the
+# tests (0: in this process); tests/conftest.py groups those that share an expensive fixture
+# or time things. The 25 slowest tests close every run.
 TIER ?= not slow
-PYTEST = "$(PY)" -m pytest --durations=25 $(if $(filter all,$(TIER)),,-m "$(TIER)")
+TEST_WORKERS ?= 2
+PYTEST = "$(PY)" -m pytest --durations=25 -n $(TEST_WORKERS) --dist loadgroup \
+	$(if $(filter all,$(TIER)),,-m "$(TIER)")
 
 test: setup
 	$(PYTEST) $(ARGS)

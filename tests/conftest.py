@@ -39,6 +39,32 @@ def pytest_configure(config: pytest.Config) -> None:
     signal.signal(signal.SIGTERM, stop_as_if_interrupted)
 
 
+# make test runs the suite on two pytest-xdist workers (`--dist loadgroup`). A session fixture
+# is built once per worker that needs it, so the tests of an expensive one share a group, which
+# one worker runs; so do the Ray tests (each starts a cluster of several CPUs) and the tests
+# that measure time (benchmark smokes, calibration), so no two of them run at once.
+SHARED_FIXTURE_GROUPS = {"report_sweep": "report-sweep", "team_server": "team-server",
+                         "finished_run": "trained-runs", "exported_policy": "trained-runs"}
+MODULE_GROUPS = {"test_sweep_ray_cluster": "ray", "test_sweep_ray": "ray", "test_tune_ray": "ray",
+                 "test_bench_quick": "timing", "test_calibration": "timing"}
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """The xdist group of a test: its module's, else that of the shared fixture it uses."""
+    module = item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+    if module in MODULE_GROUPS:
+        return MODULE_GROUPS[module]
+    names = getattr(item, "fixturenames", ())
+    return next((group for name, group in SHARED_FIXTURE_GROUPS.items() if name in names), None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = xdist_group(item)
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(autouse=True)
 def unit_tier_stays_fast(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """A test marked ``unit`` fails if it trains, starts a process or opens a connection.
@@ -94,9 +120,11 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
 # no test module imports a fixture. Pages in a real headless chromium (tests/browser.py);
 # team mode: one PostgreSQL + MLflow server per session (tests/teamserver.py); a real
 # `mlflow server` per test (tests/mlflowserver.py); one local Ray head per test
-# (tests/raycluster.py); the runs trained once per session (tests/trained_run.py).
+# (tests/raycluster.py); the runs trained once per session (tests/trained_run.py) and the
+# sweep of the sweep and report tests (tests/reportdata.py).
 from tests.browser import browser  # noqa: E402, F401
 from tests.mlflowserver import mlflow_server  # noqa: E402, F401
 from tests.raycluster import clusters, ray_head  # noqa: E402, F401
+from tests.reportdata import report_sweep  # noqa: E402, F401
 from tests.teamserver import team_server  # noqa: E402, F401
 from tests.trained_run import exported_policy, finished_run  # noqa: E402, F401

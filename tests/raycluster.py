@@ -15,6 +15,7 @@ clusters too.)
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -60,6 +61,14 @@ def marked_processes(marker: str, node: str | None = None) -> list[psutil.Proces
     return found
 
 
+def stop_with_parent() -> None:
+    """In a node's ``ray start --block`` before it runs: SIGTERM it (it then stops its node)
+    when the process that started it dies, however it dies (SIGKILL, a pytest-xdist worker
+    ended with its controller): no cluster outlives the test run."""
+    PR_SET_PDEATHSIG = 1  # noqa: N806  (linux/prctl.h)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class RayNode:
     """One node: ``ray start [--head] --block`` in its own session."""
 
@@ -92,7 +101,8 @@ class RayNode:
         with self.log_path.open("w") as log:
             self.process = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**env, NODE_MARKER: name, "RAY_USAGE_STATS_ENABLED": "0"})
+                env={**env, NODE_MARKER: name, "RAY_USAGE_STATS_ENABLED": "0"},
+                preexec_fn=stop_with_parent)
 
     def wait_started(self, timeout_s: float = START_TIMEOUT_S) -> bool:
         """True once the node is up; False if it exited (or timed out) while starting."""
@@ -279,7 +289,7 @@ class RayHead:
                  f"--temp-dir={self.temp_dir}", "--include-dashboard=false",
                  "--disable-usage-stats", "--object-store-memory=100000000"],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+                env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}, preexec_fn=stop_with_parent,
             )
 
     def wait_started(self, timeout_s: float = 180) -> bool:

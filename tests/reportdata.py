@@ -93,8 +93,9 @@ def written_report(root: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
     return proc, out / f"sweep-{sweep.sweep_id}"
 
 
-def sweep_fixture(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
-    """Body of the ``sweep`` fixtures of the report test modules."""
+@pytest.fixture(scope="session")
+def report_sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
+    """The shared sweep (registered in tests/conftest.py)."""
     return real_sweep(tmp_path_factory.getbasetemp())
 
 

@@ -32,8 +32,9 @@ FIGURES = ["grid_heatmaps.png", "iqm_intervals.png", "reward_curves.png", "rewar
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory: pytest.TempPathFactory) -> reportdata.Sweep:
-    return reportdata.sweep_fixture(tmp_path_factory)
+def sweep(report_sweep: reportdata.Sweep) -> reportdata.Sweep:
+    """The session's shared sweep (tests/reportdata.py)."""
+    return report_sweep
 
 
 # --------------------------------------------------------------------------- a real sweep

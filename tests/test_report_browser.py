@@ -21,8 +21,9 @@ from . import reportdata
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory: pytest.TempPathFactory) -> reportdata.Sweep:
-    return reportdata.sweep_fixture(tmp_path_factory)
+def sweep(report_sweep: reportdata.Sweep) -> reportdata.Sweep:
+    """The session's shared sweep (tests/reportdata.py)."""
+    return report_sweep
 
 
 def test_report_page_loads_every_figure_without_errors(

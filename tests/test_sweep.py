@@ -183,10 +183,11 @@ def copy_store(source: Path, target: Path) -> str:
 
 
 def test_two_by_two_sweep_with_two_workers_then_resume(
-        tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+        report_sweep: reportdata.Sweep, tmp_path_factory: pytest.TempPathFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     # The session's shared sweep (tests/reportdata.py): its first invocation is this 2x2 grid
     # with two workers on the command line, seed 0; a second one added seed 1 afterwards.
-    shared = reportdata.real_sweep(tmp_path_factory.getbasetemp())
+    shared = report_sweep
     proc, parent = shared.first, shared.first_parent
     client = MlflowClient(shared.uri)
     sweep_id = parent.data.tags["sweep_id"]

@@ -21,8 +21,9 @@ from .conftest import TINY, run_cli
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory: pytest.TempPathFactory) -> reportdata.Sweep:
-    return reportdata.sweep_fixture(tmp_path_factory)
+def sweep(report_sweep: reportdata.Sweep) -> reportdata.Sweep:
+    """The session's shared sweep (tests/reportdata.py)."""
+    return report_sweep
 
 
 def ranking_table(rep: records.Report) -> render.Block:
