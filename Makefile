@@ -114,11 +114,11 @@ demo: setup
 # `pytest tests/<file>::<test>` runs whatever it names): make test runs TIER="not slow", the
 # developer's default; TIER=all runs every tier in one pytest session, as CI does (.ci/run), so
 # the fixtures the tiers share are built once. TEST_WORKERS pytest-xdist workers share the
-# tests (0: in this process); tests/conftest.py groups those that share an expensive fixture
-# or time things. The 25 slowest tests close every run.
+# tests (0: in this process); tests/conftest.py keeps the modules that share an expensive
+# fixture or time things on one worker. The 25 slowest tests close every run.
 TIER ?= not slow
 TEST_WORKERS ?= 2
-PYTEST = "$(PY)" -m pytest --durations=25 -n $(TEST_WORKERS) --dist loadgroup \
+PYTEST = "$(PY)" -m pytest --durations=25 -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
 	$(if $(filter all,$(TIER)),,-m "$(TIER)")
 
 test: setup

@@ -39,30 +39,64 @@ def pytest_configure(config: pytest.Config) -> None:
     signal.signal(signal.SIGTERM, stop_as_if_interrupted)
 
 
-# make test runs the suite on two pytest-xdist workers (`--dist loadgroup`). A session fixture
-# is built once per worker that needs it, so the tests of an expensive one share a group, which
-# one worker runs; so do the Ray tests (each starts a cluster of several CPUs) and the tests
-# that measure time (benchmark smokes, calibration), so no two of them run at once.
-SHARED_FIXTURE_GROUPS = {"report_sweep": "report-sweep", "team_server": "team-server",
-                         "finished_run": "trained-runs", "exported_policy": "trained-runs"}
-MODULE_GROUPS = {"test_sweep_ray_cluster": "ray", "test_sweep_ray": "ray", "test_tune_ray": "ray",
-                 "test_bench_quick": "timing", "test_calibration": "timing"}
+# make test runs the suite on two pytest-xdist workers. A session fixture is built once per
+# worker that needs it, so the modules of an expensive one form one unit of work, which one
+# worker runs (the team server's modules also rely on their order: test_server.py's last test
+# searches what the others left); so do the modules that measure time (benchmark smokes,
+# calibration), so no two of them run at once. Every other test is a unit of its own.
+# (pytest-xdist's own `--dist loadgroup` does not group on pytest 9.2: it renames node ids,
+# which pytest no longer reads, so the units are made here, by module, in the scheduler.)
+MODULE_UNITS = {
+    **dict.fromkeys(("test_report", "test_tradeoff", "test_report_browser", "test_sweep"),
+                    "report-sweep"),  # tests/reportdata.py's sweep
+    **dict.fromkeys(("test_bad_input", "test_checkpoint", "test_manifest",
+                     "test_security_bundles", "test_export", "test_hub"),
+                    "trained-runs"),  # tests/trained_run.py's runs
+    **dict.fromkeys(("test_server", "test_copy"), "team-server"),
+    **dict.fromkeys(("test_bench_quick", "test_calibration"), "timing"),
+}
+# The longest work starts first (make test passes --no-loadscope-reorder, so the units are
+# handed out in collection order): the multi-node Ray tests, one at a time between the units
+# of several modules, so the two workers do not start two clusters at once.
+LONG_MODULE = "test_sweep_ray_cluster"
+LONG_UNITS = ("report-sweep", "trained-runs", "team-server", "timing")
 
 
-def xdist_group(item: pytest.Item) -> str | None:
-    """The xdist group of a test: its module's, else that of the shared fixture it uses."""
-    module = item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
-    if module in MODULE_GROUPS:
-        return MODULE_GROUPS[module]
-    names = getattr(item, "fixturenames", ())
-    return next((group for name, group in SHARED_FIXTURE_GROUPS.items() if name in names), None)
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: its module's, else the test alone."""
+    return MODULE_UNITS.get(module_of(nodeid), nodeid)
+
+
+def start_order(nodeids: list[str]) -> dict[str, int]:
+    """Rank of each long unit: Ray cluster tests alternate with the units of modules."""
+    cluster_tests = [nodeid for nodeid in nodeids if module_of(nodeid) == LONG_MODULE]
+    order: list[str] = []
+    for i in range(max(len(cluster_tests), len(LONG_UNITS))):
+        order += cluster_tests[i:i + 1] + list(LONG_UNITS[i:i + 1])
+    return {unit: rank for rank, unit in enumerate(order)}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        group = xdist_group(item)
-        if group is not None and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group))
+    rank = start_order([item.nodeid for item in items])
+    items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own choice of scheduler
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """With ``--dist loadscope``: xdist's scope scheduler over :func:`work_unit`."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ModuleUnits(config, log)  # type: ignore[arg-type]
 
 
 @pytest.fixture(autouse=True)

@@ -18,12 +18,25 @@ import pytest
 from .conftest import ROOT
 
 
+def run_script(script: str, *args: str, results: Path, timeout: float = 900
+               ) -> subprocess.CompletedProcess[str]:
+    """``benchmarks/SCRIPT ARGS`` with its results written under ``results``."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=ROOT,
+        capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "WORKBENCH_BENCH_RESULTS": str(results)})
+
+
 @pytest.mark.slow
-def test_make_bench_quick_runs_end_to_end(tmp_path: Path) -> None:
+def test_make_bench_runs_its_parts_and_sums_them_up(tmp_path: Path) -> None:
+    """What only the whole suite proves: the Make target, the parts run one after the other,
+    and the summary read from their results. Two quick parts suffice (each part's own smoke
+    is below, smaller than its quick mode)."""
     results = tmp_path / "results"
     # The test runs inside the set-up venv; `-o setup` skips re-installing it (make test did).
     proc = subprocess.run(
-        ["make", "-o", "setup", "bench", "ARGS=--quick", f"VENV={sys.prefix}"],
+        ["make", "-o", "setup", "bench", "ARGS=--quick --only physics tracking",
+         f"VENV={sys.prefix}"],
         cwd=ROOT, capture_output=True, text=True, timeout=1800,
         env={**os.environ, "WORKBENCH_BENCH_RESULTS": str(results)},
     )
@@ -36,25 +49,50 @@ def test_make_bench_quick_runs_end_to_end(tmp_path: Path) -> None:
     assert set(physics["r_env"]) >= {"dummy", "subproc"}
     assert all(set(per) == {"1", "16"} for per in physics["r_env"].values())
 
-    throughput = json.loads((results / "train_throughput.json").read_text())
-    kinds = {(r["backend"], r["kind"]) for r in throughput["runs"]}
-    assert ("dummy", "bare") in kinds and ("dummy", "workbench") in kinds
-    assert all(r["steps"] == 8192 and r["peak_rss_mb"] > 0 for r in throughput["runs"])
-    assert math.isfinite(throughput["summary"]["lowest_r_train"])
-
     overhead = json.loads((results / "tracking_overhead.json").read_text())
     assert len(overhead["runs"]["bare"]) == len(overhead["runs"]["workbench"]) == 1
 
+    bench = json.loads((results / "bench.json").read_text())
+    assert bench["quick"] is True
+    assert bench["parts"] == ["physics", "tracking"]
+    assert set(bench["durations_s"]) == {"physics", "tracking"}
+    measures = [row["measure"] for row in bench["summary"]]
+    assert measures == ["best R_env at 16 envs (HalfCheetah-v5)",
+                        "tracking overhead (workbench/bare wall time)"]
+
+
+@pytest.mark.slow
+def test_train_and_reward_parts_shrunk_feed_the_summary(tmp_path: Path) -> None:
+    """The suite's two training parts, each smaller than its quick mode, and the summary rows
+    bench.py makes of their results."""
+    results = tmp_path / "results"
+    proc = run_script("train_throughput.py", "--quick", "--backends", "dummy", "--steps", "2048",
+                      results=results)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    throughput = json.loads((results / "train_throughput.json").read_text())
+    kinds = {(r["backend"], r["kind"]) for r in throughput["runs"]}
+    assert kinds == {("dummy", "bare"), ("dummy", "workbench")}
+    assert all(r["steps"] == 2048 and r["peak_rss_mb"] > 0 for r in throughput["runs"])
+    assert math.isfinite(throughput["summary"]["lowest_r_train"])
+
+    proc = run_script("time_to_reward.py", "--quick", "--budget-s", "4", "--max-steps", "4096",
+                      "--eval-every", "2048", "--episodes", "1", results=results)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     reward = json.loads((results / "time_to_reward.json").read_text())
     assert sorted(r["contestant"] for r in reward["runs"]) == ["sb3", "workbench", "zoo"]
     assert all(r["evals"] and r["thresholds"] == [0.0] for r in reward["runs"])
 
-    bench = json.loads((results / "bench.json").read_text())
-    assert bench["quick"] is True
-    assert bench["parts"] == ["physics", "train", "tracking", "reward"]
-    measures = [row["measure"] for row in bench["summary"]]
-    assert measures[:3] == ["best R_env at 16 envs (HalfCheetah-v5)", "lowest R_train",
-                            "tracking overhead (workbench/bare wall time)"]
+    summary = subprocess.run(
+        [sys.executable, "-c", "import sys, json; sys.path.insert(0, 'benchmarks'); "
+         "import bench; print(json.dumps(bench.summary_rows(['train', 'reward'])))"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "WORKBENCH_BENCH_RESULTS": str(results)})
+    assert summary.returncode == 0, summary.stderr[-3000:]
+    rows = json.loads(summary.stdout)
+    assert rows[0][:3] == ["lowest R_train", throughput["summary"]["lowest_r_train"], ">= 0.98"]
+    bases = list(reward["summary"]["halfcheetah"]["ratios"])  # workbench/sb3, workbench/zoo
+    assert [row[0].split(" (")[0] for row in rows[1:]] == [
+        f"halfcheetah time to 0, {base}" for base in bases]
 
 
 @pytest.mark.slow

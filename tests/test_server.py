@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -59,19 +61,25 @@ def test_start_without_a_usable_admin_password_is_bad_input(
 
 @pytest.mark.unit
 def test_start_on_a_busy_port_is_bad_input(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv(server.ADMIN_PASSWORD_ENV, "a-long-enough-password")
-    monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(tmp_path / "experiments"))
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        assert cli.main(["server", "start", "--port", str(port)]) == 2
-    assert capsys.readouterr().err == (
-        f"workbench: error: --port {port}: 127.0.0.1:{port} is already in use; stop what "
-        "listens there or choose another --port\n")
-    assert not (tmp_path / "experiments").exists()
+    # A short folder: PostgreSQL's socket path under it must fit in 107 characters, and the
+    # temporary folders of pytest-xdist's workers are longer.
+    folder = Path(tempfile.mkdtemp(prefix="wbport", dir="/tmp"))
+    monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(folder / "experiments"))
+    try:
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            port = busy.getsockname()[1]
+            assert cli.main(["server", "start", "--port", str(port)]) == 2
+        assert capsys.readouterr().err == (
+            f"workbench: error: --port {port}: 127.0.0.1:{port} is already in use; stop what "
+            "listens there or choose another --port\n")
+        assert not (folder / "experiments").exists()
+    finally:
+        shutil.rmtree(folder)
 
 
 @pytest.mark.unit
