@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -137,6 +139,18 @@ def embedded_store(experiments: Path) -> Iterator[pytest.MonkeyPatch]:
         patch.setenv("WORKBENCH_EXPERIMENTS", str(experiments))
         patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{experiments / 'mlflow.db'}")
         yield patch
+
+
+def copy_store(source: Path, target: Path) -> str:
+    """Copy an embedded store (database, artifacts, sweep notebooks) to ``target`` and point
+    its runs' artifact locations there, so the copy can be changed without touching the
+    source; returns the copy's tracking URI."""
+    shutil.copytree(source, target)
+    with sqlite3.connect(target / "mlflow.db") as db:
+        for table, column in (("experiments", "artifact_location"), ("runs", "artifact_uri")):
+            db.execute(f"UPDATE {table} SET {column} = replace({column}, ?, ?)",
+                       (str(source), str(target)))
+    return f"sqlite:///{target / 'mlflow.db'}"
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300,

@@ -23,7 +23,7 @@ from workbench.envs.vector import make_env
 from workbench.training import load_config
 from workbench.training.model import PolicySource
 
-from .conftest import embedded_store
+from .conftest import copy_store, embedded_store
 from .trained_run import ExportedPolicy
 
 EXPORT_FILES = {"policy.pt", "policy.onnx", "export_report.json", "samples.npz", "latency.npz",
@@ -267,9 +267,16 @@ def test_notebook_is_thin_and_stored_without_outputs() -> None:
 
 
 @pytest.mark.slow
-def test_notebook_exports_through_papermill(exported: Exported, tmp_path: Path) -> None:
+def test_notebook_exports_through_papermill(
+        exported: Exported, exported_policy: ExportedPolicy, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     import papermill
 
+    # The notebook exports the run again (other sizes) into its artifacts: on a copy of the
+    # shared store, which the Hub and bundle tests read as `workbench export` left it.
+    copy = tmp_path / "experiments"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", copy_store(exported_policy.experiments, copy))
+    monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(copy))
     out = tmp_path / "export.ipynb"
     papermill.execute_notebook(
         str(NOTEBOOK), str(out), kernel_name="workbench", cwd=str(tmp_path),

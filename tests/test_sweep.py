@@ -6,7 +6,6 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import shutil
 import signal
 import sqlite3
 import sys
@@ -28,7 +27,7 @@ from workbench.training import load_config
 from workbench.training.describe import default_run_name
 
 from . import reportdata
-from .conftest import ROOT, TINY, run_cli
+from .conftest import ROOT, TINY, copy_store, run_cli
 
 # TINY without the keys the grid sets; no system-metrics thread in each kernel.
 GRID_SET = ("env.num_envs", "algo.n_steps")
@@ -168,18 +167,6 @@ def test_a_resumed_parent_runs_again_without_the_last_invocations_error(store: P
 
 
 # --------------------------------------------------------------------------- real sweeps
-
-
-def copy_store(source: Path, target: Path) -> str:
-    """Copy an embedded store (database, artifacts, sweep notebooks) to ``target`` and point
-    its runs' artifact locations there, so the copy can be changed without touching the
-    source; returns the copy's tracking URI."""
-    shutil.copytree(source, target)
-    with sqlite3.connect(target / "mlflow.db") as db:
-        for table, column in (("experiments", "artifact_location"), ("runs", "artifact_uri")):
-            db.execute(f"UPDATE {table} SET {column} = replace({column}, ?, ?)",
-                       (str(source), str(target)))
-    return f"sqlite:///{target / 'mlflow.db'}"
 
 
 def test_two_by_two_sweep_with_two_workers_then_resume(
