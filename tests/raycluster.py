@@ -33,6 +33,10 @@ import psutil
 import pytest
 
 MARKER = "WORKBENCH_TEST_RAY"
+# Ray cannot start from an environment under a path with whitespace (docs/ray-cluster.md).
+SPACED_ENV = any(c.isspace() for c in sys.prefix)
+SPACED_ENV_REASON = ("Ray's processes do not start from an environment under a path with a "
+                     f"space ({sys.prefix}): docs/ray-cluster.md")
 NODE_MARKER = "WORKBENCH_TEST_RAY_NODE"  # which node a process belongs to
 RAY = str(Path(sys.executable).parent / "ray")
 REPO = Path(__file__).resolve().parents[1]
@@ -243,6 +247,8 @@ def clusters() -> Iterator[Callable[..., RayCluster]]:
     workers given); every one is stopped, and checked to leave no process, when the test ends:
     passed, failed, or interrupted (Ctrl-C, or SIGTERM: tests/conftest.py turns it into the
     same interrupt, so pytest still tears the fixtures down)."""
+    if SPACED_ENV:
+        pytest.skip(SPACED_ENV_REASON)
     started: list[RayCluster] = []
 
     def start(workers: Mapping[str, int] | None = None, **kwargs: Any) -> RayCluster:
@@ -318,6 +324,8 @@ def ray_head() -> Iterator[str]:
     """A running local head's address. On a loaded machine the raylet can die at start-up
     (its wait for the dashboard agent's port file has a hard-coded timeout,
     ray-project/ray#65983), so a head that fails to start is tried again, up to 3 times."""
+    if SPACED_ENV:
+        pytest.skip(SPACED_ENV_REASON)
     heads = []
     try:
         for _ in range(3):

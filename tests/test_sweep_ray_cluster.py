@@ -32,7 +32,7 @@ from mlflow.tracking import MlflowClient
 
 from .conftest import ROOT, run_cli
 from .faulty_envs import HELD, held_points, release
-from .raycluster import RayCluster, marked_processes
+from .raycluster import SPACED_ENV, SPACED_ENV_REASON, RayCluster, marked_processes
 from .teamserver import ALICE, TeamServer, logged_in
 from .test_sweep import POINT_TINY, runs_of
 from .test_tune import study_trials, tune_runs
@@ -456,6 +456,7 @@ def test_held_sweep_on_a_cluster(store, clusters):
 '''
 
 
+@pytest.mark.skipif(SPACED_ENV, reason=SPACED_ENV_REASON)
 def test_sigterm_to_pytest_mid_cluster_test_leaves_no_process(tmp_path: Path) -> None:
     """A CI time-out or a ``kill`` stops pytest with SIGTERM in the middle of a cluster test:
     the cluster (head, worker, Ray workers), the point's kernel and the sweep's driver are all
