@@ -14,30 +14,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workbench import paths
-from workbench.config import TuneConfig, WorkbenchConfig
+from workbench.config import WorkbenchConfig
 from workbench.envs.checks import check_config
 from workbench.sweeps.plan import check_no_password_travels, refuse_password_on_ray
 from workbench.sweeps.request import compose_typed
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import resolve_tracking_uri
-from workbench.tuning.objectives import Objective
 from workbench.tuning.request import TuneRequest, check_request
-from workbench.tuning.space import SearchSpace
 from workbench.tuning.storage import storage_url
 
 
 @dataclass(frozen=True)
-class TunePlan:
-    """Everything a study will do, validated before any compute or store write."""
+class TunePlan(TuneRequest):
+    """Everything a study will do, validated before any compute or store write: the checked
+    request, and where it runs."""
 
-    study: str
     env: str
-    space: SearchSpace
-    objective: Objective
-    settings: TuneConfig  # sampler, pruner, workers, executor, timeout
-    n_trials: int
-    base: WorkbenchConfig  # a trial's config before its sampled values
-    point_overrides: list[str]  # every trial's notebook gets these, then its sampled values
     tracking_uri: str
     experiment: str
     storage: str
