@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
 import multiprocessing
 import os
 import shutil
@@ -42,24 +44,25 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # make test runs the suite on two pytest-xdist workers. A session fixture is built once per
-# worker that needs it, so the modules of an expensive one form one unit of work, which one
-# worker runs (the team server's modules also rely on their order: test_server.py's last test
-# searches what the others left); so do the modules that measure time (benchmark smokes,
-# calibration), so no two of them run at once. Every other test is a unit of its own.
+# worker that needs it, so every test that needs an expensive one (directly or through other
+# fixtures) joins that fixture's unit of work, which one worker runs. Modules that rely on
+# their order (test_server.py's last test searches what the team-server tests left) or that
+# measure time (benchmark smokes, calibration: no two at once) are units as a whole. Every
+# other test is a unit of its own, so the two workers stay evenly busy.
 # (pytest-xdist's own `--dist loadgroup` does not group on pytest 9.2: it renames node ids,
-# which pytest no longer reads, so the units are made here, by module, in the scheduler.)
+# which pytest no longer reads, so the units are made here, in the scheduler.)
+SHARED_FIXTURES = {
+    "report_sweep": "report-sweep",  # tests/reportdata.py's sweep
+    "finished_run": "trained-runs", "exported_policy": "trained-runs",  # tests/trained_run.py
+}
 MODULE_UNITS = {
-    **dict.fromkeys(("test_report", "test_tradeoff", "test_report_browser", "test_sweep"),
-                    "report-sweep"),  # tests/reportdata.py's sweep
-    **dict.fromkeys(("test_bad_input", "test_checkpoint", "test_manifest",
-                     "test_security_bundles", "test_export", "test_hub"),
-                    "trained-runs"),  # tests/trained_run.py's runs
     **dict.fromkeys(("test_server", "test_copy"), "team-server"),
     **dict.fromkeys(("test_bench_quick", "test_calibration"), "timing"),
 }
 # The longest work starts first (make test passes --no-loadscope-reorder, so the units are
-# handed out in collection order): the multi-node Ray tests, one at a time between the units
-# of several modules, so the two workers do not start two clusters at once.
+# handed out in collection order): the multi-node Ray tests, one at a time between the other
+# long units, so the two workers do not start two clusters at once; then the slow tests, then
+# the rest, so no minute-long test starts last while the other worker has nothing to do.
 LONG_MODULE = "test_sweep_ray_cluster"
 LONG_UNITS = ("report-sweep", "trained-runs", "team-server", "timing")
 
@@ -68,9 +71,76 @@ def module_of(nodeid: str) -> str:
     return nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
 
 
+def fixture_scope(function: ast.FunctionDef) -> str | None:
+    """The scope of a ``@pytest.fixture`` function ("function" by default), None if none."""
+    for decorator in function.decorator_list:
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        if isinstance(target, ast.Attribute) and target.attr == "fixture":
+            scope = [k.value for k in getattr(decorator, "keywords", []) if k.arg == "scope"]
+            return scope[0].value if scope and isinstance(scope[0], ast.Constant) else "function"
+    return None
+
+
+Fixtures = dict[str, tuple[str, set[str]]]  # name -> (scope, the fixtures it names)
+
+
+def read_fixtures_and_tests(path: Path) -> tuple[Fixtures, dict[str, set[str]]]:
+    """The fixtures and the test functions (name -> the fixtures it names) of one file."""
+    fixtures: Fixtures = {}
+    tests: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.FunctionDef):
+            args = {a.arg for a in node.args.args}
+            scope = fixture_scope(node)
+            if scope is not None:
+                fixtures[node.name] = (scope, args)
+            elif node.name.startswith("test_"):
+                tests[node.name] = args
+    return fixtures, tests
+
+
+def fixture_closure(names: set[str], fixtures: Fixtures) -> set[str]:
+    """``names`` and every fixture they need, directly or through one another."""
+    closure: set[str] = set()
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        if name not in closure:
+            closure.add(name)
+            todo += fixtures.get(name, ("", set()))[1]
+    return closure
+
+
+@functools.cache
+def fixture_units() -> dict[tuple[str, str], str]:
+    """(module, test function) -> the unit of the widest fixture it needs, read from the test
+    sources (a test needs a fixture it names, or that a fixture it needs names): a shared
+    session fixture's unit, else, when it needs a module's own wider-scoped fixture, the unit
+    of the module's tests that do (so that fixture is built once, on one worker)."""
+    here = Path(__file__).parent
+    common: Fixtures = {}
+    for path in here.glob("*.py"):
+        if not path.stem.startswith("test_"):
+            common.update(read_fixtures_and_tests(path)[0])
+    units = {}
+    for path in here.glob("test_*.py"):
+        own, tests = read_fixtures_and_tests(path)
+        fixtures = {**common, **own}  # a module's fixture hides a shared one of that name
+        for test, args in tests.items():
+            closure = fixture_closure(args, fixtures)
+            shared = sorted(closure & SHARED_FIXTURES.keys())
+            if shared:
+                units[(path.stem, test)] = SHARED_FIXTURES[shared[0]]
+            elif any(own[f][0] != "function" for f in closure & own.keys()):
+                units[(path.stem, test)] = f"{path.stem}::module-fixtures"
+    return units
+
+
 def work_unit(nodeid: str) -> str:
-    """The unit of work a test belongs to: its module's, else the test alone."""
-    return MODULE_UNITS.get(module_of(nodeid), nodeid)
+    """The unit of work a test belongs to: its module's, its shared fixture's, else its own."""
+    module = module_of(nodeid)
+    function = nodeid.split("::")[-1].split("[")[0]
+    return MODULE_UNITS.get(module) or fixture_units().get((module, function), nodeid)
 
 
 def start_order(nodeids: list[str]) -> dict[str, int]:
@@ -84,7 +154,10 @@ def start_order(nodeids: list[str]) -> dict[str, int]:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = start_order([item.nodeid for item in items])
-    items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable
+    slow_units = {work_unit(i.nodeid) for i in items if i.get_closest_marker("slow")}
+    # Stable: the tests of one unit keep their order (some modules rely on it).
+    items.sort(key=lambda item: (rank.get(work_unit(item.nodeid), len(rank)),
+                                 work_unit(item.nodeid) not in slow_units))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own choice of scheduler
@@ -99,6 +172,25 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
             return work_unit(nodeid)
 
     return ModuleUnits(config, log)  # type: ignore[arg-type]
+
+
+WORKER_BUSY_S: dict[str, float] = {}  # xdist worker -> seconds spent in tests (controller)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """On the xdist controller: add each test phase's time to its worker's busy time."""
+    node = getattr(report, "node", None)
+    if node is not None:
+        worker = node.gateway.id
+        WORKER_BUSY_S[worker] = WORKER_BUSY_S.get(worker, 0.0) + report.duration
+
+
+@pytest.hookimpl(trylast=True)  # after the slowest durations
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How busy each worker was: a worker idle long before the other ends is time lost."""
+    if WORKER_BUSY_S:
+        busy = ", ".join(f"{w} {s:.0f} s" for w, s in sorted(WORKER_BUSY_S.items()))
+        terminalreporter.write_line(f"time in tests per xdist worker: {busy}")
 
 
 @pytest.fixture(autouse=True)

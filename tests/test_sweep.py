@@ -349,10 +349,7 @@ def test_dead_kernel_fails_its_point_and_closes_its_run(store: Path) -> None:
     proc = psutil.Popen([sys.executable, "-m", "workbench", *args], cwd=ROOT,
                         env={**os.environ, **CORES_2}, stdout=-1, stderr=-1, text=True)
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not running_child():
-            time.sleep(1)
-        assert running_child(), "the point never started training"
+        wait_for_a_training_point(proc)
         for kernel in kernels_of(proc.pid):
             kernel.kill()  # SIGKILL: no chance for train() to mark its run
         out, err = proc.communicate(timeout=300)
@@ -381,6 +378,19 @@ def running_child() -> bool:
         return False
 
 
+def wait_for_a_training_point(proc: psutil.Popen, limit_s: float = 600) -> None:
+    """Until the sweep's point has a RUNNING run; fails at once, with the sweep's output,
+    when the sweep exits first (no point ever trains then)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and not running_child():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"the sweep exited {proc.returncode} before its point trained:\n"
+                        f"{out[-2000:]}\n{err[-3000:]}")
+        time.sleep(1)
+    assert running_child(), f"no point trained within {limit_s:.0f} s"
+
+
 @pytest.mark.slow
 def test_a_background_sweep_stops_on_sigint(store: Path) -> None:
     """A shell starts `workbench sweep ... &` with SIGINT ignored (POSIX job control); the
@@ -391,10 +401,7 @@ def test_a_background_sweep_stops_on_sigint(store: Path) -> None:
                         env={**os.environ, **CORES_2}, stdout=-1, stderr=-1, text=True,
                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not running_child():
-            time.sleep(1)
-        assert running_child(), "the point never started training"
+        wait_for_a_training_point(proc)
         kernels = kernels_of(proc.pid)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)

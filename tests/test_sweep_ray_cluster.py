@@ -42,9 +42,10 @@ ray = pytest.importorskip("ray", reason="the ray extra: pip install -e '.[ray]'"
 # A loaded 2-core machine can take many minutes for what takes one on an idle one.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 NODE_ID, NODE_IP, HOSTNAME = "ray.node_id", "ray.node_ip", "ray.hostname"
-# Ray ends a driver whose GCS has been silent this long; the sweep gives up on the head at a
-# third of it. 30 s (Ray's default is 60) keeps the head-loss test short.
-RECONNECT_30S = {"RAY_gcs_rpc_server_reconnect_timeout_s": "30"}
+# Ray ends a driver whose GCS has been silent this long, and a node's raylet gives up on its
+# head after it; the sweep gives up on the head at a third of it. 15 s (Ray's default is 60),
+# for the driver and every node, keeps the head-loss tests short.
+RECONNECT_15S = {"RAY_gcs_rpc_server_reconnect_timeout_s": "15"}
 # Points that hold mid-training until the test releases them (tests/faulty_envs.py), so a node
 # or head dies while a point is certainly training, without long trainings.
 HELD_POINT = [f"env.id={HELD}", "env.vec_env=dummy"]
@@ -214,11 +215,11 @@ def test_a_worker_node_dying_mid_sweep_loses_and_duplicates_nothing(
 
 def test_the_head_dying_ends_the_sweep_with_one_line_and_a_new_head_resumes(
         store: Path, clusters: Callable[..., RayCluster]) -> None:
-    cluster = clusters(ONE_WORKER)
+    cluster = clusters(ONE_WORKER, env={**os.environ, **RECONNECT_15S})
     nodes = cluster.node_ids()  # the state API lives on the head: ask before it dies
     args = ["sweep.num_envs=[2]", "sweep.n_steps=[64]", "sweep.seeds=[0,1,2]",
             "sweep.workers=2", *HELD_POINT]
-    sweep = start_sweep(sweep_args(cluster, *args), env=RECONNECT_30S)
+    sweep = start_sweep(sweep_args(cluster, *args), env=RECONNECT_15S)
     point_0, point_1, point_2 = (f"halfcheetah-ne2-ns64-s{seed}" for seed in range(3))
     try:
         # The first wave holds; one of its points finishes, the next point starts and holds:
@@ -245,7 +246,7 @@ def test_the_head_dying_ends_the_sweep_with_one_line_and_a_new_head_resumes(
 
     # No orphan: a cancelled task stops its kernel; where the cancel cannot arrive (the
     # driver's raylet may be the head's, gone with it), the worker nodes give up on their
-    # head after Ray's reconnect timeout (30 s here) and each kernel exits with its Ray worker.
+    # head after Ray's reconnect timeout (15 s here) and each kernel exits with its Ray worker.
     def kernels() -> list[str]:
         return [" ".join(p.cmdline()) for p in cluster.processes()
                 if "ipykernel" in " ".join(p.cmdline())]
@@ -268,8 +269,8 @@ def test_the_head_dying_ends_the_sweep_with_one_line_and_a_new_head_resumes(
 
     assert cluster.stop() == []  # the old workers gave up on their head, or were stopped
     release(store)  # the rerun trains every point to the end
-    fresh = clusters(ONE_WORKER)
-    again = run_cli(*sweep_args(fresh, *args), env=RECONNECT_30S, timeout=900)
+    fresh = clusters(ONE_WORKER, env={**os.environ, **RECONNECT_15S})
+    again = run_cli(*sweep_args(fresh, *args), env=RECONNECT_15S, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert f"({len(finished_before)} FINISHED earlier, skipped)" in again.stdout
     show("after the rerun on a new head", runs_of("child"), {**nodes, **fresh.node_ids()})
@@ -374,11 +375,11 @@ def test_a_study_on_the_cluster_keeps_one_storage_when_a_worker_node_dies(
 
 def test_the_head_dying_ends_a_study_with_one_line_and_a_new_head_resumes_it(
         store: Path, clusters: Callable[..., RayCluster]) -> None:
-    cluster = clusters(ONE_WORKER)
+    cluster = clusters(ONE_WORKER, env={**os.environ, **RECONNECT_15S})
     # The first trials hold mid-training: they are certainly running when the head dies.
     args = ["tune", "--n-trials", "2", *HELD_STUDY, "tune.study=lost-head", "tune.executor=ray",
             "tune.workers=2", "tune.pruner=none"]
-    study = start_sweep([*args, f"tune.ray.address={cluster.address}"], env=RECONNECT_30S)
+    study = start_sweep([*args, f"tune.ray.address={cluster.address}"], env=RECONNECT_15S)
 
     def trials_held() -> bool:
         return any(r.info.status == "RUNNING" and trial_name(r) in held_points(store)
@@ -411,8 +412,8 @@ def test_the_head_dying_ends_a_study_with_one_line_and_a_new_head_resumes_it(
 
     assert cluster.stop() == []
     release(store)  # the trials of the rerun train to the end
-    fresh = clusters(ONE_WORKER)
-    again = run_cli(*args, f"tune.ray.address={fresh.address}", env=RECONNECT_30S, timeout=900)
+    fresh = clusters(ONE_WORKER, env={**os.environ, **RECONNECT_15S})
+    again = run_cli(*args, f"tune.ray.address={fresh.address}", env=RECONNECT_15S, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     states = [t.state.name for t in study_trials(store, "lost-head")]
     assert states.count("COMPLETE") == 2 and states.count("FAIL") == len(killed), states
