@@ -30,6 +30,12 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ["env=halfcheetah", "debug=tiny"]
 
 
+# A command as a shell's background job starts (`cmd &` in a script): SIGINT ignored. A shell
+# does it, not preexec_fn: Python code between fork and exec can deadlock in a process with
+# threads (every pytest-xdist worker has some), and the command then never starts.
+AS_BACKGROUND_JOB = ["sh", "-c", 'trap "" INT; exec "$0" "$@"']
+
+
 def stop_as_if_interrupted(signum: int, frame: object) -> None:
     """SIGTERM handler: raise KeyboardInterrupt, as Ctrl-C does."""
     raise KeyboardInterrupt(signal.Signals(signum).name)

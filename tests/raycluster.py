@@ -15,7 +15,6 @@ clusters too.)
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
@@ -65,12 +64,15 @@ def marked_processes(marker: str, node: str | None = None) -> list[psutil.Proces
     return found
 
 
-def stop_with_parent() -> None:
-    """In a node's ``ray start --block`` before it runs: SIGTERM it (it then stops its node)
-    when the process that started it dies, however it dies (SIGKILL, a pytest-xdist worker
-    ended with its controller): no cluster outlives the test run."""
-    PR_SET_PDEATHSIG = 1  # noqa: N806  (linux/prctl.h)
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+# Runs a command that gets SIGTERM (``ray start --block`` then stops its node) when the
+# process that started it dies, however it dies (SIGKILL, a pytest-xdist worker ended with its
+# controller): no cluster outlives the test run. A wrapper that sets PR_SET_PDEATHSIG (kept
+# across exec) and execs the command, not preexec_fn: Python code between fork and exec can
+# deadlock in a process with threads, as every pytest-xdist worker is.
+STOP_WITH_PARENT = [sys.executable, "-c", (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
+    "os.execv(sys.argv[1], sys.argv[1:])")]
 
 
 class RayNode:
@@ -86,7 +88,7 @@ class RayNode:
         self.log_path = root / f"{label}.log"
         self.port = free_port() if self.head else None
         self.dashboard_port = free_port() if self.head else None
-        args = [RAY, "start", "--block", "--node-ip-address=127.0.0.1",
+        args = [*STOP_WITH_PARENT, RAY, "start", "--block", "--node-ip-address=127.0.0.1",
                 f"--num-cpus={num_cpus}", f"--resources={json.dumps({f'node_{name}': 1})}",
                 f"--temp-dir={self.temp_dir}", "--disable-usage-stats",
                 "--object-store-memory=80000000", "--min-worker-port=0", "--max-worker-port=0",
@@ -105,8 +107,7 @@ class RayNode:
         with self.log_path.open("w") as log:
             self.process = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**env, NODE_MARKER: name, "RAY_USAGE_STATS_ENABLED": "0"},
-                preexec_fn=stop_with_parent)
+                env={**env, NODE_MARKER: name, "RAY_USAGE_STATS_ENABLED": "0"})
 
     def wait_started(self, timeout_s: float = START_TIMEOUT_S) -> bool:
         """True once the node is up; False if it exited (or timed out) while starting."""
@@ -290,12 +291,12 @@ class RayHead:
         self.log_path = self.temp_dir / "head.log"
         with self.log_path.open("w") as log:
             self.process = subprocess.Popen(
-                [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
+                [*STOP_WITH_PARENT, RAY, "start", "--head", "--block",
                  "--node-ip-address=127.0.0.1", f"--port={self.port}", "--num-cpus=2",
                  f"--temp-dir={self.temp_dir}", "--include-dashboard=false",
                  "--disable-usage-stats", "--object-store-memory=100000000"],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}, preexec_fn=stop_with_parent,
+                env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
             )
 
     def wait_started(self, timeout_s: float = 180) -> bool:

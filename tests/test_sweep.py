@@ -27,7 +27,7 @@ from workbench.training import load_config
 from workbench.training.describe import default_run_name
 
 from . import reportdata
-from .conftest import ROOT, TINY, copy_store, run_cli
+from .conftest import AS_BACKGROUND_JOB, ROOT, TINY, copy_store, run_cli
 
 # TINY without the keys the grid sets; no system-metrics thread in each kernel.
 GRID_SET = ("env.num_envs", "algo.n_steps")
@@ -397,9 +397,9 @@ def test_a_background_sweep_stops_on_sigint(store: Path) -> None:
     sweep still stops on SIGINT: its point and parent KILLED, no kernel left."""
     args = ["sweep", "sweep.num_envs=[1]", "sweep.n_steps=[64]", *POINT_TINY,
             "total_timesteps=10000000"]
-    proc = psutil.Popen([sys.executable, "-m", "workbench", *args], cwd=ROOT,
-                        env={**os.environ, **CORES_2}, stdout=-1, stderr=-1, text=True,
-                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    proc = psutil.Popen([*AS_BACKGROUND_JOB, sys.executable, "-m", "workbench", *args],
+                        cwd=ROOT, env={**os.environ, **CORES_2}, stdout=-1, stderr=-1,
+                        text=True)
     try:
         wait_for_a_training_point(proc)
         kernels = kernels_of(proc.pid)

@@ -23,7 +23,7 @@ from workbench.tuning.plan import plan_tune
 from workbench.tuning.space import parse_space
 from workbench.tuning.storage import counts, storage_url
 
-from .conftest import ROOT, run_cli
+from .conftest import AS_BACKGROUND_JOB, ROOT, run_cli
 
 # InvertedPendulum with debug=tiny: 50-step episodes (a return of at most 50), 384 steps,
 # an evaluation every 128 steps; search=tiny fits that budget.
@@ -320,13 +320,12 @@ def test_two_tune_workers_share_one_study(store: Path) -> None:
 @pytest.mark.slow
 def test_ctrl_c_kills_the_trial_and_the_parent_and_the_trial_does_not_count(
         store: Path) -> None:
-    args = [sys.executable, "-m", "workbench", "tune", "--n-trials", "2", *TINY_STUDY,
-            "tune.study=stopped", "total_timesteps=10000000"]
+    args = [*AS_BACKGROUND_JOB, sys.executable, "-m", "workbench", "tune", "--n-trials", "2",
+            *TINY_STUDY, "tune.study=stopped", "total_timesteps=10000000"]
     # Started as a shell starts a background job, with SIGINT ignored: the study still
     # stops on SIGINT (the workbench re-enables it).
     proc = subprocess.Popen(args, cwd=ROOT, env={**os.environ, **CORES_2},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not any(
