@@ -1,0 +1,160 @@
+"""Hostile values never hang, duplicate or crash: each answers in one line, fast.
+
+Names past their documented length or holding control characters stop at the config
+pre-check; secret masking stays linear in the length of what it masks; a failure while a
+sweep or a study sets up closes its parent run; run data printed to a terminal has its control
+characters escaped (docs/robustness.md, "Hostile input").
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+from workbench import config
+from workbench.config import ConfigError
+
+from .conftest import TINY, run_cli
+
+GRID_SET = ("env.num_envs", "algo.n_steps")
+POINT_TINY = [o for o in TINY if o.split("=")[0] not in GRID_SET] + [
+    "tracking.system_metrics=false"]
+
+
+# --------------------------------------------------------------------------- masking
+
+
+# Shapes that made the old masking regex backtrack: one long run of name characters, a
+# credential word repeated, assignments everywhere, URIs with colons.
+MASKING_TIMES = """
+import json, sys, time
+from workbench.tracking.redaction import scrub, scrub_command
+shapes = {"letters": "a", "words": "token", "assignments": "token=", "pairs": "a=b ",
+          "uris": "://a:"}
+times = {}
+for name, unit in shapes.items():
+    for size in (100_000, 1_000_000):
+        text = unit * (size // len(unit))
+        started = time.perf_counter()
+        scrub_command(text, ["abcdefghij"])
+        scrub({"run_name": text})
+        times[f"{name}-{size}"] = time.perf_counter() - started
+print(json.dumps(times))
+"""
+
+
+def test_masking_a_megabyte_is_linear() -> None:
+    # A subprocess with a deadline: a quadratic masking takes minutes on 100 kB.
+    proc = subprocess.run([sys.executable, "-c", MASKING_TIMES], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    times = json.loads(proc.stdout)
+    for shape in ("letters", "words", "assignments", "pairs", "uris"):
+        small, large = times[f"{shape}-100000"], times[f"{shape}-1000000"]
+        # Linear: 10x the text, about 10x the time (quadratic would be 100x); the floor keeps
+        # timer noise on tiny times from counting.
+        assert large < 30 * max(small, 0.01), (shape, small, large)
+        assert large < 10, (shape, large)
+
+
+def test_masking_keeps_what_it_masked_before() -> None:
+    from workbench.tracking.redaction import scrub_command
+
+    cases = {
+        "api_key=abc def": "api_key=*** def",
+        "+db_password=x": "+db_password=***",
+        "tokenizers==0.15": "tokenizers==0.15",
+        "a=b,token=xyz": "a=b,token=***",
+        "x HF_TOKEN=hf_abc y": "x HF_TOKEN=*** y",
+        "a_token+x=val": "a_token+x=val",
+        "k=token=3": "k=token=***",
+        "pass 'password=ab'": "pass 'password=***'",
+        "access-key=zz access_key=yy apikey=1": "access-key=zz access_key=*** apikey=***",
+        "foo.secret.bar=1 a.b=c": "foo.secret.bar=*** a.b=c",
+        "https://u:pw@host/x": "https://u:***@host/x",
+    }
+    assert {text: scrub_command(text, []) for text in cases} == cases
+
+
+# --------------------------------------------------------------------------- names
+
+
+LONG_NAMES = [
+    ("tracking.run_name", "a" * 100_000),
+    ("tracking.experiment", "e" * 600),
+    ("sweep.id", "s" * 300),
+    ("sweep.name", "n" * 300),
+    ("tune.study", "t" * 300),
+    ("+tracking.tags.team", "v" * 5000),
+    ("+tracking.tags." + "k" * 200, "v"),
+]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("key", "value"), LONG_NAMES, ids=[k[:30] for k, _ in LONG_NAMES])
+def test_long_names_stop_at_the_precheck(key: str, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config.precheck([f"{key}={value}"])
+    line = str(info.value)
+    assert "\n" not in line and len(line) < 300, line
+    assert "allowed; shorten it" in line, line
+
+
+@pytest.mark.unit
+def test_names_with_control_characters_stop_at_the_check() -> None:
+    cfg = config.load_config(["tracking.run_name=ok"])
+    cfg.tracking.run_name = "ok\nworkbench: error: forged"
+    with pytest.raises(ConfigError, match=r"^tracking.run_name='ok\\nworkbench: error: forg"):
+        config.check_values(cfg)
+    cfg.tracking.run_name = "ok"
+    cfg.tracking.tags = {"x": "\x1b]52;c;aGk=\x07"}
+    with pytest.raises(ConfigError, match="control or invisible character"):
+        config.check_values(cfg)
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "tracking.run_name=" + "a" * 100_000],
+    ["sweep", "sweep.id=" + "s" * 300],
+    ["tune", "tune.study=" + "t" * 300],
+], ids=["train", "sweep", "tune"])
+def test_long_names_answer_in_one_line(argv: list[str]) -> None:
+    proc = run_cli(*argv, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("workbench: error: "), lines
+
+
+@pytest.mark.unit
+def test_a_sweep_id_with_a_trailing_newline_is_refused() -> None:
+    from workbench.sweeps.request import check_sweep_settings
+
+    with pytest.raises(ConfigError, match="sweep.id='abc\\\\n': use letters"):
+        check_sweep_settings(config.SweepConfig(id="abc\n"))
+
+
+# --------------------------------------------------------------------------- parents
+
+
+@pytest.mark.unit
+def test_a_sweep_that_fails_setting_up_closes_its_parent(
+        store: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    from workbench.sweeps import sweep
+    from workbench.sweeps.executors import LocalExecutor
+    from workbench.sweeps.plan import plan_sweep
+
+    plan = plan_sweep(["sweep.num_envs=[1]", "sweep.n_steps=[64]", *POINT_TINY])
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(36, "File name too long")
+
+    monkeypatch.setattr(sweep, "reap_dead_points", refuse)
+    with pytest.raises(OSError, match="File name too long"):
+        sweep.sweep_with(plan, LocalExecutor(1))
+    client = MlflowClient(plan.tracking_uri)
+    experiment = client.get_experiment_by_name(plan.experiment)
+    (parent,) = client.search_runs([experiment.experiment_id], "tags.`sweep.role` = 'parent'")
+    assert parent.info.status == "FAILED"
+    assert "File name too long" in parent.data.tags["error"]
