@@ -158,3 +158,27 @@ def test_a_sweep_that_fails_setting_up_closes_its_parent(
     (parent,) = client.search_runs([experiment.experiment_id], "tags.`sweep.role` = 'parent'")
     assert parent.info.status == "FAILED"
     assert "File name too long" in parent.data.tags["error"]
+
+
+# --------------------------------------------------------------------------- search spaces
+
+
+SPACES = [
+    ("search.params.n_steps.choices=[64,'a']", "'a' does not fit algo.n_steps"),
+    ("search.params.n_steps.choices=[64,96.5]", "96.5 does not fit algo.n_steps"),
+    ("search.params.gamma.choices=['x']", "'x' does not fit algo.gamma"),
+    ("+search.params.activation={choices:[tanh,'$\\\\x$']}",
+     "does not fit algo.policy.activation; each choice must be one of tanh"),
+    ("+search.params.normalize={choices:[true,'1']}", "each choice must be true or false"),
+]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("override", "named"), SPACES, ids=[s for s, _ in SPACES])
+def test_choices_of_the_wrong_type_stop_before_a_study(override: str, named: str) -> None:
+    from workbench.tuning.request import check_request
+
+    with pytest.raises(ConfigError) as info:
+        check_request([override])
+    assert named in str(info.value)
+    assert str(info.value).startswith("search.params.")
