@@ -8,9 +8,13 @@ characters escaped (docs/robustness.md, "Hostile input").
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -182,3 +186,70 @@ def test_choices_of_the_wrong_type_stop_before_a_study(override: str, named: str
         check_request([override])
     assert named in str(info.value)
     assert str(info.value).startswith("search.params.")
+
+
+# --------------------------------------------------------------------------- stores
+
+
+def sqlite_with_tables(path: Path, tables: tuple[str, ...], rows: int = 400) -> None:
+    """A SQLite file of a few hundred pages holding ``tables`` (rows of 1 kB each)."""
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        for table in tables:
+            db.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, body TEXT)")
+            db.executemany(f"INSERT INTO {table} (body) VALUES (?)",
+                           [("x" * 1000,) for _ in range(rows)])
+        db.commit()
+
+
+def truncated_store(root: Path) -> Path:
+    """An MLflow-shaped SQLite store cut to the first half of its bytes."""
+    root.mkdir(parents=True, exist_ok=True)
+    db = root / "mlflow.db"
+    sqlite_with_tables(db, ("alembic_version", "experiments", "runs", "params"))
+    os.truncate(db, db.stat().st_size // 2)
+    return db
+
+
+RUN_A, RUN_B = "0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210"
+STORE_COMMANDS = [
+    ["report"],
+    ["runs", "reap"],
+    ["runs", "copy", "--from", "STORE", "--to", "sqlite:///OUT/copy.db"],
+    ["manifest", "diff", RUN_A, RUN_B],
+    ["manifest", "lock", RUN_A],
+    ["train", *TINY],
+    ["sweep", "sweep.num_envs=[1]", "sweep.n_steps=[64]", *POINT_TINY],
+    ["tune", *TINY, "total_timesteps=10000"],
+]
+
+
+@pytest.mark.parametrize("argv", STORE_COMMANDS, ids=[" ".join(a[:2]) for a in STORE_COMMANDS])
+def test_a_truncated_store_is_one_line(argv: list[str], store: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from workbench.cli import main
+
+    db = truncated_store(store)
+    uri = f"sqlite:///{db}"
+    before = sorted(p.name for p in store.iterdir())
+    argv = [a.replace("STORE", uri).replace("OUT", str(store.parent / "out")) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"workbench: error: tracking store {uri}: mlflow.db is corrupt "
+                             "or truncated"), err
+    assert "restore it from a backup" in err[0]
+    assert sorted(p.name for p in store.iterdir()) == before  # no optuna.db, no lock, no folder
+
+
+@pytest.mark.unit
+def test_another_applications_sqlite_file_is_refused_untouched(tmp_path: Path) -> None:
+    from workbench.tracking.store import make_client
+
+    db = tmp_path / "app.db"
+    sqlite_with_tables(db, ("users", "orders"), rows=3)
+    content = db.read_bytes()
+    with pytest.raises(ConfigError, match=r"app.db holds another application's tables "
+                                          r"\(orders, users\), not MLflow's"):
+        make_client(f"sqlite:///{db}")
+    assert db.read_bytes() == content
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]

@@ -24,7 +24,7 @@ from workbench import paths
 from workbench.config import ConfigError, load_config
 from workbench.review.diagnostics import Thresholds
 from workbench.tracking.redaction import redact_uri
-from workbench.tracking.store import check_server, is_embedded, resolve_tracking_uri
+from workbench.tracking.store import check_store, is_embedded, resolve_tracking_uri
 
 if TYPE_CHECKING:  # mlflow and matplotlib load on use: `workbench --help` stays fast
     from mlflow.tracking import MlflowClient
@@ -111,6 +111,5 @@ def open_store(uri: str) -> MlflowClient:
             raise ConfigError(f"tracking store {redact_uri(uri)}: no such database; train or "
                               "sweep first, or set MLFLOW_TRACKING_URI / tracking.uri to the "
                               "team's store")
-    else:
-        check_server(uri)
+    check_store(uri)
     return MlflowClient(tracking_uri=uri)

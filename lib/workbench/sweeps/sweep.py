@@ -103,8 +103,8 @@ def run_sweep(overrides: Sequence[str] | SweepRequest) -> SweepResult:
 def sweep_with(plan: SweepPlan, executor: Executor) -> SweepResult:
     """The sweep proper, on a connected executor."""
     started = time.perf_counter()
-    plan.out_dir.mkdir(parents=True, exist_ok=True)  # before any run exists
     client, experiment_id = prepare_store(plan.tracking_uri, plan.experiment)
+    plan.out_dir.mkdir(parents=True, exist_ok=True)  # before any run exists
     parent_id = start_parent_run(client, experiment_id, plan)
     with parent_closed_on_error(client, parent_id):
         return sweep_points(plan, executor, client, experiment_id, parent_id, started)

@@ -38,7 +38,7 @@ from workbench import paths
 from workbench.config import ConfigError
 from workbench.processes import http_status
 from workbench.tracking.redaction import redact_uri
-from workbench.tracking.store import ensure_experiment
+from workbench.tracking.store import check_sqlite_file, ensure_experiment
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
@@ -88,6 +88,7 @@ def check_source(uri: str) -> MlflowClient:
             raise ConfigError(f"--from {uri}: no such SQLite store ({db} does not exist); "
                               "give the store that holds the runs, e.g. "
                               f"{paths.default_tracking_uri()}")
+        check_sqlite_file(uri, db)
     return MlflowClient(tracking_uri=uri)
 
 

@@ -22,7 +22,7 @@ from workbench.config import ConfigError, flatten, load_config
 from workbench.tracking.redaction import (
     redact_uri,
 )
-from workbench.tracking.store import check_server, is_embedded, resolve_tracking_uri
+from workbench.tracking.store import check_store, is_embedded, resolve_tracking_uri
 
 if TYPE_CHECKING:
     import argparse
@@ -201,7 +201,7 @@ def _source_from_run(run_id: str, uri: str) -> ManifestSource:
             f"{run_id}: not a file, and there is no MLflow store at {shown}; pass a "
             "manifest.json path, or point MLFLOW_TRACKING_URI / tracking.uri at the store"
         )
-    check_server(uri)  # one request: a server that does not answer is one line
+    check_store(uri)  # a server that does not answer, a corrupt file: one line
     client = MlflowClient(tracking_uri=uri)
     try:
         run = client.get_run(run_id)

@@ -142,9 +142,10 @@ def run_tune(overrides: Sequence[str] | TuneRequest, n_trials: int | None = None
 def tune_with(plan: TunePlan, backend: TrialBackend) -> TuneResult:
     """The study proper, on a connected backend."""
     started = time.perf_counter()
+    # The tracking store is checked before the study's storage and folder are made.
+    client, experiment_id = prepare_store(plan.tracking_uri, plan.experiment)
     plan.out_dir.mkdir(parents=True, exist_ok=True)  # before any run exists
     storage = open_storage(plan.storage)
-    client, experiment_id = prepare_store(plan.tracking_uri, plan.experiment)
     with study_lock(plan.storage, plan.study):
         study = open_study(plan, storage)
         parent_id = parent_run(client, experiment_id, plan, study)
