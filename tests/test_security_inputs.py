@@ -253,3 +253,106 @@ def test_another_applications_sqlite_file_is_refused_untouched(tmp_path: Path) -
         make_client(f"sqlite:///{db}")
     assert db.read_bytes() == content
     assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+
+
+# --------------------------------------------------------------------------- run data printed
+
+
+def test_printable_escapes_controls_and_keeps_text() -> None:
+    from workbench.console import printable, printable_lines
+
+    assert printable("a\nb\x1b]52;c;aGk=\x07 \u202e\x9b é 中") == (
+        "a\\nb\\x1b]52;c;aGk=\\x07 \\u202e\\x9b é 中")
+    assert printable_lines("one\x1b[31m\ntwo") == "one\\x1b[31m\ntwo"
+
+
+def test_a_forged_sweep_id_prints_as_one_escaped_line(
+        store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from mlflow.entities import Metric
+    from workbench.cli import main
+
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    experiment = client.create_experiment("workbench")
+    sweep_id = "demo\nworkbench: error: forged \x1b]52;c;aGk=\x07"
+    parent = client.create_run(experiment, run_name="p",
+                               tags={"sweep_id": sweep_id, "sweep.role": "parent"})
+    for i in range(2):
+        run = client.create_run(experiment, run_name=f"pt{i}\x1b[31m", tags={
+            "sweep_id": sweep_id, "sweep.role": "child", "sweep.point": f"p{i}",
+            "mlflow.parentRunId": parent.info.run_id})
+        client.log_batch(run.info.run_id, metrics=[Metric("rollout/ep_rew_mean", i, 0, 64)])
+        client.set_terminated(run.info.run_id)
+    client.set_terminated(parent.info.run_id)
+    assert main(["report", "--out", str(tmp_path / "reports")]) == 0
+    captured = capsys.readouterr()
+    text = captured.err + captured.out
+    assert "\x1b" not in text and "\x07" not in text
+    assert not any(line.startswith("workbench: error") for line in text.splitlines()), text
+    assert "(sweep demo\\nworkbench: error: forged \\x1b]52;c;aGk=\\x07)" in captured.err
+
+
+def test_deeply_nested_and_escaped_manifests_are_handled(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from workbench.cli import main
+    from workbench.tracking.manifest import collect_manifest
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    nested = tmp_path / "nested.json"
+    nested.write_text(json.dumps({"python": {"a": json.loads("[" * 50 + "]" * 50)}}))
+    for path in (deep, nested):
+        assert main(["manifest", "diff", str(path), str(path)]) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and "nested" in err[0], err
+    manifest = collect_manifest()
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(manifest))
+    manifest["git"]["commit"] = "\x1b]52;c;aGk=\x07\x1b[2J"
+    b.write_text(json.dumps(manifest))
+    assert main(["manifest", "diff", str(a), str(b)]) == 1
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\\x1b]52;c;aGk=\\x07\\x1b[2J" in out
+
+
+def test_a_mathtext_choice_draws_the_study_figures() -> None:
+    import optuna
+    from workbench.review.study import study_figures
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="s$\\undefined{$")
+    study.optimize(lambda t: float(len(t.suggest_categorical("env.id", ["$\\undefined{$",
+                                                                        "ok"]))),
+                   n_trials=4)
+    names = [f.filename for f in study_figures(study)]
+    assert "study-history.png" in names and "study-slice.png" in names
+
+
+def test_runs_copy_of_refused_data_is_one_line_and_leaves_no_half_copy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from mlflow.exceptions import MlflowException
+    from workbench.cli import main
+
+    source_uri = f"sqlite:///{tmp_path / 'source.db'}"
+    dest_uri = f"sqlite:///{tmp_path / 'dest' / 'mlflow.db'}"
+    source = MlflowClient(source_uri)
+    experiment = source.create_experiment("workbench",
+                                          artifact_location=(tmp_path / "art").as_uri())
+    run = source.create_run(experiment, run_name="r\x1b[31m")
+    source.log_text(run.info.run_id, "x", "bad\x1b[2Jname.txt")
+    source.set_terminated(run.info.run_id)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise MlflowException("Invalid artifact path: 'bad\x1b[2Jname.txt'\nmore lines")
+
+    monkeypatch.setattr(MlflowClient, "log_artifacts", refuse)
+    assert main(["runs", "copy", "--from", source_uri, "--to", dest_uri]) == 2
+    captured = capsys.readouterr()
+    assert "\x1b" not in captured.out + captured.err
+    assert "not copied r\\x1b[31m" in captured.out
+    err = captured.err.splitlines()
+    assert len(err) == 1 and err[0].startswith("workbench: error: runs copy: 1 run(s) not "
+                                               "copied"), err
+    dest = MlflowClient(dest_uri)
+    copied = dest.search_runs([dest.get_experiment_by_name("workbench").experiment_id])
+    assert copied == []
