@@ -356,3 +356,62 @@ def test_runs_copy_of_refused_data_is_one_line_and_leaves_no_half_copy(
     dest = MlflowClient(dest_uri)
     copied = dest.search_runs([dest.get_experiment_by_name("workbench").experiment_id])
     assert copied == []
+
+
+# --------------------------------------------------------------------------- sweep claims
+
+
+@pytest.mark.unit
+def test_a_point_is_claimed_by_one_sweep_at_a_time(tmp_path: Path) -> None:
+    from workbench.sweeps.claim import claim_holder, point_claim
+
+    claim = tmp_path / "sweeps" / "demo" / "p.claim"
+    with point_claim(claim) as first:
+        with point_claim(claim) as second:
+            assert (first, second) == (True, False)
+        assert claim_holder(claim) == str(os.getpid())
+    with point_claim(claim) as again:  # released when the point ends
+        assert again
+
+
+HOLD_CLAIM = """
+import sys, time
+from pathlib import Path
+from workbench.sweeps.claim import point_claim
+with point_claim(Path(sys.argv[1])) as held:
+    print(held, flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_dead_sweeps_claim_is_taken_over(tmp_path: Path) -> None:
+    from workbench.sweeps.claim import point_claim
+
+    claim = tmp_path / "p.claim"
+    owner = subprocess.Popen([sys.executable, "-c", HOLD_CLAIM, str(claim)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout is not None and owner.stdout.readline().strip() == "True"
+        with point_claim(claim) as held:
+            assert not held
+    finally:
+        owner.kill()  # SIGKILL: no cleanup of its own
+        owner.wait(timeout=10)
+    with point_claim(claim) as held:
+        assert held
+
+
+@pytest.mark.unit
+def test_a_point_held_by_another_sweep_is_skipped_not_run(tmp_path: Path) -> None:
+    from workbench.sweeps.claim import point_claim
+    from workbench.sweeps.point import SKIPPED, PointSpec, execute_point
+
+    spec = PointSpec(sweep_id="demo-1", point="p", parent_run_id="0" * 32, experiment_id="0",
+                     tracking_uri="sqlite:///nowhere/never-opened.db", parameters={}, tags={},
+                     env_vars={}, timeout=None)
+    output = tmp_path / "p.ipynb"
+    with point_claim(output.with_suffix(".claim")):
+        outcome = execute_point(spec, output)
+    assert outcome.status == SKIPPED and outcome.ok
+    assert outcome.note is not None and "another `workbench sweep` of demo-1" in outcome.note
+    assert not (tmp_path / "nowhere").exists()  # the store was not even asked
