@@ -231,8 +231,9 @@ def test_corrupt_store_file_is_one_line_and_stays_untouched(store: Path, tmp_pat
     done = run_cli("train", *TINY, env={"MLFLOW_TRACKING_URI": f"sqlite:///{db}"}, timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr == (f"workbench: error: tracking store sqlite:///{db}: mlflow.db is not a "
-                           "SQLite database (corrupt or another file); move it away, or point "
-                           "MLFLOW_TRACKING_URI / tracking.uri at another store\n")
+                           "SQLite database (corrupt or another file); move it away (or restore "
+                           "it from a backup), or point MLFLOW_TRACKING_URI / tracking.uri at "
+                           "another store\n")
     assert tree_state(db.parent) == before  # not even a lock file next to it
     assert not (store / "outbox").exists()
 

@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 
 from workbench import config
 from workbench.config import ConfigError
+from workbench.console import printable
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143
@@ -116,12 +117,12 @@ def setup_sweep(parser: argparse.ArgumentParser) -> Runner:
         try:
             result = run_sweep(checked)
         except ClusterLost as exc:
-            print(f"workbench: {exc}", file=sys.stderr)
+            print(f"workbench: {printable(str(exc))}", file=sys.stderr)
             return EXIT_FAILED
         if result.failures:
             listed = ", ".join(f"{o.point} ({o.error})" for o in result.failures)
             print(f"workbench: {len(result.failures)} of {len(result.outcomes)} points did not "
-                  f"finish: {listed}", file=sys.stderr)
+                  f"finish: {printable(listed)}", file=sys.stderr)
             return EXIT_FAILED
         return EXIT_OK
 
@@ -145,12 +146,12 @@ def setup_tune(parser: argparse.ArgumentParser) -> Runner:
         try:
             result = run_tune(checked)
         except ClusterLost as exc:
-            print(f"workbench: {exc}", file=sys.stderr)
+            print(f"workbench: {printable(str(exc))}", file=sys.stderr)
             return EXIT_FAILED
         if result.failures:
             listed = ", ".join(f"{r.number} ({r.error})" for r in result.failures)
             print(f"workbench: {len(result.failures)} of {len(result.records)} trials failed: "
-                  f"{listed}", file=sys.stderr)
+                  f"{printable(listed)}", file=sys.stderr)
             return EXIT_FAILED
         return EXIT_OK
 
@@ -335,7 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args, run = parse(argv)
         return int(run(args))
     except (ConfigError, BadInput) as exc:
-        print(f"workbench: error: {exc}", file=sys.stderr)
+        # One line, whatever the message quotes (a run's name, a tag read from a store).
+        print(f"workbench: error: {printable(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as exc:
         print("workbench: interrupted", file=sys.stderr)

@@ -7,6 +7,7 @@ Hub commands: the header says what runs where, the summary table where results w
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,3 +38,21 @@ def print_table(rows: Sequence[tuple[str, Any]], title: str) -> None:
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
     print("=" * 72, flush=True)
+
+
+# C0 and C1 controls, DEL, and the characters that reorder or hide text on a terminal
+# (bidirectional overrides and isolates, zero-width joiners): ESC starts the sequences that
+# write the clipboard (OSC 52), retitle the window or move the cursor.
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print in one line: every control character as visible ``\\x1b``-style
+    text (``\\n`` and ``\\t`` too), so run data (names, tags, manifests) written by anyone with
+    access to a store can neither send escape sequences to the terminal nor forge a line."""
+    return _CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def printable_lines(text: str) -> str:
+    """Several lines of run data safe to print: each line through :func:`printable`."""
+    return "\n".join(printable(line) for line in text.split("\n"))

@@ -9,7 +9,14 @@
 This layer imports nothing else of the workbench but :mod:`workbench.paths`.
 """
 
-from workbench.config.checks import check_values, from_yaml, validate
+from workbench.config.checks import (
+    MAX_NAME_LENGTH,
+    MAX_TAG_VALUE_LENGTH,
+    check_names,
+    check_values,
+    from_yaml,
+    validate,
+)
 from workbench.config.compose import (
     GROUPS,
     SCHEMA_NAME,
@@ -60,6 +67,7 @@ __all__ = [
     "RayConfig", "ReproConfig", "SearchConfig", "SweepConfig", "TrackingConfig",
     "TuneConfig", "TuneObjective", "TunePruner", "TuneSampler", "VideoConfig",
     "WorkbenchConfig",
+    "MAX_NAME_LENGTH", "MAX_TAG_VALUE_LENGTH", "check_names",
     "check_overrides", "check_values", "compose", "conf_dir", "derive", "flatten", "from_yaml",
     "group_options", "load_config", "precheck", "schema_type", "to_dict", "to_yaml", "validate",
 ]

@@ -26,6 +26,12 @@ from workbench.config.schema import (
     schema_type,
 )
 
+# Longest run, experiment, sweep and study name, and tag name: a sweep id adds 9 characters
+# and a study file a few more, well inside the 255 bytes of a file name.
+MAX_NAME_LENGTH = 100
+# Longest tag value (MLflow stores up to 8000; a tag is a label, not a document).
+MAX_TAG_VALUE_LENGTH = 1000
+
 
 def validate(cfg: DictConfig | Mapping[str, Any] | WorkbenchConfig) -> WorkbenchConfig:
     """Merge ``cfg`` into the schema (types, unknown keys) and run the range and cross-field
@@ -51,6 +57,7 @@ def check_values(cfg: WorkbenchConfig) -> None:
     layer of size 0, ``seed=-1``) stops here with the key, the range and an example.
     """
     check_ranges(cfg, "")
+    check_names(cfg)
     if not cfg.tracking.experiment.strip():
         raise ConfigError(f"tracking.experiment={cfg.tracking.experiment!r}: must not be empty "
                           "(e.g. tracking.experiment=workbench)")
@@ -74,6 +81,37 @@ def check_values(cfg: WorkbenchConfig) -> None:
         )
     check_init(cfg.init)
     check_video(cfg.video)
+
+
+def check_names(cfg: WorkbenchConfig) -> None:
+    """Names the stores and the file system keep are one printable line of bounded length.
+
+    Run, experiment, sweep and study names become MLflow fields, folder and file names
+    (a sweep's notebooks, a study's tuned preset) and console lines: a control character
+    could forge a line on a terminal, and a name past the file system's 255 bytes fails
+    half-way through setting a run up. Documented in docs/robustness.md.
+    """
+    names = {"tracking.experiment": cfg.tracking.experiment, "tracking.run_name":
+             cfg.tracking.run_name, "sweep.name": cfg.sweep.name, "sweep.id": cfg.sweep.id,
+             "tune.study": cfg.tune.study}
+    for key, value in names.items():
+        if value is not None:
+            check_name(key, value, MAX_NAME_LENGTH)
+    for tag, value in cfg.tracking.tags.items():
+        check_name("tracking.tags", str(tag), MAX_NAME_LENGTH, what="tag name")
+        check_name(f"tracking.tags.{tag}", str(value), MAX_TAG_VALUE_LENGTH)
+
+
+def check_name(key: str, value: str, limit: int, what: str = "value") -> None:
+    """``value``: at most ``limit`` characters on one printable line, else :class:`ConfigError`."""
+    shown = repr(value[:40]) + ("..." if len(value) > 40 else "")
+    shown = shown.encode("ascii", "backslashreplace").decode()  # the error line stays one line
+    if len(value) > limit:
+        raise ConfigError(f"{key}={shown}: the {what} has {len(value)} characters, more than "
+                          f"the {limit} allowed; shorten it")
+    if not value.isprintable():
+        raise ConfigError(f"{key}={shown}: the {what} holds a control or invisible character; "
+                          "use one line of printable characters")
 
 
 def check_video(video: VideoConfig) -> None:

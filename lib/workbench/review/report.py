@@ -24,10 +24,11 @@ from workbench import paths
 from workbench.config import ConfigError, load_config
 from workbench.review.diagnostics import Thresholds
 from workbench.tracking.redaction import redact_uri
-from workbench.tracking.store import check_server, is_embedded, resolve_tracking_uri
+from workbench.tracking.store import check_store, is_embedded, resolve_tracking_uri
 
 if TYPE_CHECKING:  # mlflow and matplotlib load on use: `workbench --help` stays fast
     from mlflow.tracking import MlflowClient
+from workbench.console import printable
 from workbench.review.options import DEFAULT_UI_URL, check_name, thresholds_from_args
 from workbench.review.records import Report, build_report
 from workbench.review.render import write_report
@@ -58,7 +59,7 @@ def run_command(args: argparse.Namespace) -> int:
                          options=options_from_args(args))
     fired = sum(len(d) for d in report.diagnostics.values())
     print(f"report: {len(report.runs)} run(s), {len(report.points)} point(s), {fired} "
-          f"diagnostic(s) fired ({report.selection})", file=sys.stderr)
+          f"diagnostic(s) fired ({printable(str(report.selection))})", file=sys.stderr)
     index = write_report(report, (args.out or paths.reports_dir()) / report.name)
     print(index)
     return 0
@@ -111,6 +112,5 @@ def open_store(uri: str) -> MlflowClient:
             raise ConfigError(f"tracking store {redact_uri(uri)}: no such database; train or "
                               "sweep first, or set MLFLOW_TRACKING_URI / tracking.uri to the "
                               "team's store")
-    else:
-        check_server(uri)
+    check_store(uri)
     return MlflowClient(tracking_uri=uri)

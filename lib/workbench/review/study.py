@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from workbench.config import ConfigError
+from workbench.review.figures import plain_text
 from workbench.review.records import FigureFile, Section
 from workbench.tracking.redaction import redact_uri
 from workbench.tuning.objectives import UNITS
@@ -129,6 +130,7 @@ def draw(plot: Callable[[Any], Any], study: Any) -> bytes | None:
             return None
     first = axes.ravel()[0] if hasattr(axes, "ravel") else axes
     figure = first.figure
+    plain_text(figure)  # a study's choices and names are data: a "$" is no TeX
     if figure.get_size_inches()[0] < FIGURE_INCHES[0]:
         figure.set_size_inches(*FIGURE_INCHES)
     buffer = io.BytesIO()

@@ -24,6 +24,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from workbench import paths
+from workbench.sweeps.claim import claim_holder, point_claim
 from workbench.sweeps.plan import NOTEBOOK, Point, SweepPlan
 from workbench.sweeps.store import child_filter, search_all
 from workbench.tracking.redaction import scrub_command
@@ -65,7 +66,7 @@ class PointOutcome:
     """What became of one point."""
 
     point: str
-    status: str  # FINISHED | FAILED | KILLED | SKIPPED (FINISHED by an earlier attempt)
+    status: str  # FINISHED | FAILED | KILLED | SKIPPED (FINISHED earlier, or held elsewhere)
     run_id: str | None = None
     error: str | None = None
     final_reward: float | None = None
@@ -245,6 +246,18 @@ def execute_point(spec: PointSpec, output: Path, kernel: PointKernel | None = No
     Ray task, a resumed sweep), and runs left RUNNING by a dead earlier attempt are closed
     KILLED, with the reason in their ``error`` tag.
     """
+    claim = output.with_suffix(".claim")
+    with point_claim(claim) as held:
+        if not held:
+            return PointOutcome(spec.point, SKIPPED, notebook=str(output), note=(
+                f"run by another `workbench sweep` of {spec.sweep_id} (pid "
+                f"{claim_holder(claim)}); not started twice"))
+        return execute_claimed_point(spec, output, kernel)
+
+
+def execute_claimed_point(spec: PointSpec, output: Path, kernel: PointKernel | None
+                          ) -> PointOutcome:
+    """:func:`execute_point` once this process holds the point's claim."""
     started = time.time()
     client = MlflowClient(spec.tracking_uri)
     done = point_runs(client, spec, status=FINISHED)

@@ -25,7 +25,7 @@ from workbench.config import ConfigError, SweepConfig, WorkbenchConfig
 # Config keys the grid sets for each point; overriding them for the whole sweep is an error.
 GRID_KEYS = {"env.num_envs": "sweep.num_envs", "algo.n_steps": "sweep.n_steps",
              "seed": "sweep.seeds", "tracking.run_name": "the point name"}
-SWEEP_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")
+SWEEP_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")  # fullmatch: no trailing newline
 
 
 # --------------------------------------------------------------------------- the grid
@@ -110,6 +110,7 @@ def check_request(overrides: Sequence[str]) -> SweepRequest:
     overrides = list(overrides)
     check_grid_keys(overrides, "on the command line")
     typed = compose_typed(overrides)
+    config.check_names(typed)  # before a sweep id or a point name is built from them
     sweep = typed.sweep
     check_grid_keys(sweep.overrides, "in sweep.overrides")
     # The preset's overrides first: the command line wins over a conf/sweep/ file.
@@ -171,9 +172,9 @@ def check_sweep_settings(sweep: SweepConfig) -> None:
         raise ConfigError(f"sweep.workers={sweep.workers}: must be >= 1")
     if sweep.timeout is not None and sweep.timeout <= 0:
         raise ConfigError(f"sweep.timeout={sweep.timeout}: must be > 0 seconds (or null)")
-    if sweep.id is not None and not SWEEP_ID_PATTERN.match(sweep.id):
+    if sweep.id is not None and not SWEEP_ID_PATTERN.fullmatch(sweep.id):
         raise ConfigError(f"sweep.id={sweep.id!r}: use letters, digits, '_', '.', '-' only")
-    if not SWEEP_ID_PATTERN.match(sweep.name):
+    if not SWEEP_ID_PATTERN.fullmatch(sweep.name):
         raise ConfigError(f"sweep.name={sweep.name!r}: use letters, digits, '_', '.', '-' only")
     if sweep.ray.gpus_per_point < 0:
         raise ConfigError(f"sweep.ray.gpus_per_point={sweep.ray.gpus_per_point:g}: must be >= 0 "

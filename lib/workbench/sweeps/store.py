@@ -8,6 +8,7 @@ import contextlib
 import shlex
 import sqlite3
 import sys
+from collections.abc import Iterator
 
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
@@ -16,11 +17,13 @@ from workbench.sweeps.plan import SweepPlan
 from workbench.tracking import runs
 from workbench.tracking.redaction import scrub, scrub_command
 from workbench.tracking.store import (
+    MAX_TAG_VALUE_LENGTH,
     ensure_experiment,
     is_embedded,
     log_params,
     make_client,
     source_tags,
+    truncate,
 )
 
 
@@ -84,6 +87,26 @@ def start_parent_run(client: MlflowClient, experiment_id: str, plan: SweepPlan) 
     run = client.create_run(experiment_id, run_name=plan.sweep_id, tags=scrub(tags))
     log_params(client, run.info.run_id, plan.grid_params())
     return run.info.run_id
+
+
+@contextlib.contextmanager
+def parent_closed_on_error(client: MlflowClient, parent_id: str) -> Iterator[None]:
+    """Close the parent run if the sweep or study fails before it closes it itself.
+
+    An error while setting up the points (a folder the file system refuses, a store that went
+    away) would otherwise leave the parent RUNNING: it ends FAILED with the error (KILLED on
+    Ctrl-C), and the exception goes on.
+    """
+    try:
+        yield
+    except BaseException as exc:
+        status = "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+        with contextlib.suppress(Exception):  # the store itself may be what failed
+            if client.get_run(parent_id).info.status == "RUNNING":
+                client.set_tag(parent_id, "error", truncate(
+                    scrub_command(f"{type(exc).__name__}: {exc}"), MAX_TAG_VALUE_LENGTH))
+                client.set_terminated(parent_id, status)
+        raise
 
 
 def command_source_tags() -> dict[str, str]:

@@ -54,6 +54,7 @@ from workbench.sweeps.point import (
 from workbench.sweeps.request import SweepRequest
 from workbench.sweeps.store import (
     finished_children,
+    parent_closed_on_error,
     prepare_store,
     reap_dead_points,
     start_parent_run,
@@ -103,7 +104,15 @@ def sweep_with(plan: SweepPlan, executor: Executor) -> SweepResult:
     """The sweep proper, on a connected executor."""
     started = time.perf_counter()
     client, experiment_id = prepare_store(plan.tracking_uri, plan.experiment)
+    plan.out_dir.mkdir(parents=True, exist_ok=True)  # before any run exists
     parent_id = start_parent_run(client, experiment_id, plan)
+    with parent_closed_on_error(client, parent_id):
+        return sweep_points(plan, executor, client, experiment_id, parent_id, started)
+
+
+def sweep_points(plan: SweepPlan, executor: Executor, client: MlflowClient,
+                 experiment_id: str, parent_id: str, started: float) -> SweepResult:
+    """The points of a sweep whose parent run exists, then the parent closed."""
     reap_dead_points(plan)
     earlier = finished_children(client, experiment_id, plan.sweep_id)
     todo = [p for p in plan.points if p.name not in earlier]
@@ -112,7 +121,6 @@ def sweep_with(plan: SweepPlan, executor: Executor) -> SweepResult:
         if name in {p.name for p in plan.points}}
     specs = point_specs(plan, todo, parent_id, experiment_id, executor.cpus_per_point)
     print_plan(plan, executor, parent_id, len(todo), len(outcomes))
-    plan.out_dir.mkdir(parents=True, exist_ok=True)
     status = None
     lost: ClusterLost | None = None
     with progress_bar(len(todo), plan.sweep_id) as report:

@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 from workbench import paths
 from workbench.config import ConfigError
+from workbench.console import printable
 from workbench.processes import http_status
 from workbench.tracking.redaction import redact_uri
-from workbench.tracking.store import ensure_experiment
+from workbench.tracking.store import check_sqlite_file, ensure_experiment
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
@@ -88,6 +89,7 @@ def check_source(uri: str) -> MlflowClient:
             raise ConfigError(f"--from {uri}: no such SQLite store ({db} does not exist); "
                               "give the store that holds the runs, e.g. "
                               f"{paths.default_tracking_uri()}")
+        check_sqlite_file(uri, db)
     return MlflowClient(tracking_uri=uri)
 
 
@@ -210,20 +212,34 @@ def copy_runs(
     source = check_source(source_uri)
     runs = select_runs(source, experiments, run_ids)
     dest = check_destination(dest_uri)
+    from mlflow.exceptions import MlflowException
+
     results: list[CopyResult] = []
+    refused: list[str] = []
     copies: dict[str, str] = {}  # source run id -> destination run id
     for run in runs:
         if run.info.status == "RUNNING":
-            report(f"skipped {run.info.run_name} ({run.info.run_id}): still RUNNING at the "
-                   "source; copy it once it has ended")
+            report(printable(f"skipped {run.info.run_name} ({run.info.run_id}): still RUNNING "
+                             "at the source; copy it once it has ended"))
             continue
-        result = copy_run(source, dest, dest_uri, run, copies)
+        try:
+            result = copy_run(source, dest, dest_uri, run, copies)
+        except MlflowException as exc:  # the half copy is deleted already (copy_run)
+            reason = (str(exc.message).strip().splitlines() or [exc.error_code])[0]
+            report(printable(f"not copied {run.info.run_name} ({run.info.run_id}): the "
+                             f"destination refused its data ({reason[:300]})"))
+            refused.append(run.info.run_id)
+            continue
         copies[result.source_run_id] = result.dest_run_id
         results.append(result)
-        report(describe(result))
+        report(printable(describe(result)))
     done = sum(r.copied for r in results)
     report(f"{done} run(s) copied, {len(results) - done} already there "
            f"-> {_redact(dest_uri)}")
+    if refused:
+        raise ConfigError(f"runs copy: {len(refused)} run(s) not copied because the destination "
+                          f"refused their data (listed above, e.g. {refused[0]}); rename what "
+                          "it refused at the source, or leave those runs out with --run-id")
     return results
 
 

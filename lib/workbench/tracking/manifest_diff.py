@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.config import ConfigError, flatten, load_config
+from workbench.console import printable, printable_lines
 from workbench.tracking.redaction import (
     redact_uri,
 )
-from workbench.tracking.store import check_server, is_embedded, resolve_tracking_uri
+from workbench.tracking.store import check_store, is_embedded, resolve_tracking_uri
 
 if TYPE_CHECKING:
     import argparse
@@ -168,8 +169,8 @@ def _source_from_file(path: Path) -> ManifestSource:
     import yaml
 
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        manifest = parse_manifest(path.read_text(), str(path))
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not readable as JSON ({exc}); pass a manifest.json") from exc
     _check_is_manifest(manifest, str(path))
     config_file = path.with_name("config.yaml")
@@ -178,6 +179,37 @@ def _source_from_file(path: Path) -> ManifestSource:
         tree = yaml.safe_load(config_file.read_text())
         config = flat_config_text(tree) if isinstance(tree, dict) else None
     return ManifestSource(str(path), manifest, config)
+
+
+# A manifest nests four levels (hardware.gpus[i].name); deeper JSON is not one, and would
+# exhaust the recursion of the JSON decoder or of the comparison.
+MAX_MANIFEST_DEPTH = 16
+
+
+def parse_manifest(text: str, label: str) -> Any:
+    """JSON text as a manifest candidate: valid JSON nested at most :data:`MAX_MANIFEST_DEPTH`."""
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ConfigError(f"{printable(label)}: not readable as JSON ({reason}); pass a "
+                          "manifest.json") from None
+    if nesting_depth(value) > MAX_MANIFEST_DEPTH:
+        raise ConfigError(f"{printable(label)}: not a workbench manifest (nested deeper than "
+                          f"{MAX_MANIFEST_DEPTH} levels); pass a run's manifest.json")
+    return value
+
+
+def nesting_depth(value: Any) -> int:
+    """How deeply lists and objects nest in a JSON value (iterative: no recursion limit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, depth)
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _check_is_manifest(manifest: Any, label: str) -> None:
@@ -201,7 +233,7 @@ def _source_from_run(run_id: str, uri: str) -> ManifestSource:
             f"{run_id}: not a file, and there is no MLflow store at {shown}; pass a "
             "manifest.json path, or point MLFLOW_TRACKING_URI / tracking.uri at the store"
         )
-    check_server(uri)  # one request: a server that does not answer is one line
+    check_store(uri)  # a server that does not answer, a corrupt file: one line
     client = MlflowClient(tracking_uri=uri)
     try:
         run = client.get_run(run_id)
@@ -223,7 +255,7 @@ def _source_from_run(run_id: str, uri: str) -> ManifestSource:
                 f"run {run_id} has no {MANIFEST_FILE} (recorded before manifests existed?); "
                 "diff needs a manifest on both sides"
             ) from exc
-        manifest = json.loads(Path(local).read_text())
+        manifest = parse_manifest(Path(local).read_text(), f"run {run_id}")
     _check_is_manifest(manifest, f"run {run_id}")
     label = f"run {run_id} ({run.info.run_name})"
     return ManifestSource(label, manifest, dict(run.data.params))
@@ -356,7 +388,7 @@ def run_command(args: argparse.Namespace) -> int:
     b = load_source(args.run_b, store_uri)
     diffs = diff_sources(a, b)
     render = {"text": render_diff_text, "json": diff_to_json, "md": render_diff_markdown}
-    print(render[args.format](diffs, a.label, b.label), end="")
+    print(printable_lines(render[args.format](diffs, a.label, b.label)), end="")
     return 1 if diffs else 0
 
 
@@ -367,11 +399,11 @@ def write_lock(ref: str, output: str | None, store_uri: Callable[[], str]) -> in
         raise ConfigError(f"-o {output}: not a file in an existing folder; pass e.g. "
                           "-o requirements-run.txt")
     source = load_source(ref, store_uri)
-    text = lock_requirements(source.manifest, source.label)
+    text = lock_requirements(source.manifest, printable(source.label))  # one comment line
     if target is None:
-        print(text, end="")
+        print(printable_lines(text), end="")
         return 0
     target.write_text(text)
     pinned = sum(1 for line in text.splitlines() if line and not line.startswith(("#", "-")))
-    print(f"wrote {target}: {pinned} pinned packages for {source.label}")
+    print(f"wrote {target}: {pinned} pinned packages for {printable(source.label)}")
     return 0

@@ -25,10 +25,14 @@ MIN_SECRET_VALUE_LENGTH = 8
 URI_PASSWORD = re.compile(r"(://[^:/@\s]*):[^@/\s]+@")
 URI_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
 # name=value on a command line or in an override, where the name looks like a credential.
-SECRET_ASSIGNMENT = re.compile(
-    r"(?i)([\w.+-]*(?:token|secret|password|passwd|api_?key|access_?key|credential)[\w.-]*=)"
-    r"(?!=)([^\s'\"]+)"  # (?!=): "tokenizers==0.15" is a requirement, not an assignment
+# Masking must stay linear in the text's length whatever it holds (a 1 MB run name): a name
+# is matched only from the start of a run of name characters, possessively (``++``, Python
+# 3.11), so no position is scanned twice; whether it is a credential is decided on the name.
+ASSIGNMENT_NAME = re.compile(r"(?<![\w.+-])[\w.+-]++=(?!=)")  # (?!=): "tokenizers==0.15"
+SECRET_NAME_WORD = re.compile(
+    r"(?i)token|secret|password|passwd|api_?key|access_?key|credential"
 )
+ASSIGNMENT_VALUE = re.compile(r"[^\s'\"]++")
 
 
 def redact_uri(uri: str) -> str:
@@ -60,9 +64,32 @@ def scrub_text(text: str, secrets: Sequence[str] | None = None) -> str:
     return URI_PASSWORD.sub(rf"\1:{MASK}@", text)
 
 
+def is_secret_assignment_name(name: str) -> bool:
+    """True for ``db_password``, ``HF_TOKEN.x``: a credential word after the last ``+``.
+
+    ``+`` may prefix a Hydra override (``+api_key=...``) but not follow the word.
+    """
+    return SECRET_NAME_WORD.search(name.rpartition("+")[2]) is not None
+
+
+def mask_assignments(text: str) -> str:
+    """``text`` with the value of every ``<credential-like name>=value`` masked, in linear time."""
+    parts: list[str] = []
+    done = 0
+    for match in ASSIGNMENT_NAME.finditer(text):
+        if match.start() < done or not is_secret_assignment_name(match.group()[:-1]):
+            continue
+        value = ASSIGNMENT_VALUE.match(text, match.end())
+        if value is None:
+            continue
+        parts += [text[done:match.end()], MASK]
+        done = value.end()
+    return "".join(parts) + text[done:]
+
+
 def scrub_command(text: str, secrets: Sequence[str] | None = None) -> str:
     """:func:`scrub_text` plus the value of ``api_key=...``-style assignments."""
-    return SECRET_ASSIGNMENT.sub(rf"\1{MASK}", scrub_text(text, secrets))
+    return mask_assignments(scrub_text(text, secrets))
 
 
 def scrub(value: Any, secrets: Sequence[str] | None = None) -> Any:

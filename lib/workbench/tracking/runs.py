@@ -46,7 +46,7 @@ from workbench.tracking.journal import (
 from workbench.tracking.outbox import HEARTBEAT_TAG, short_error
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.rejection import CannotRecreate, LoginRefused, Verdict
-from workbench.tracking.store import check_server, resolve_tracking_uri
+from workbench.tracking.store import check_store, resolve_tracking_uri
 
 __all__ = ["REAPED_TAG", "LoginRefused"]
 
@@ -158,7 +158,7 @@ def reap(
     says: it is reported as live. Heartbeats use the training machine's clock.
     """
     uri = tracking_uri or resolve_tracking_uri(None)
-    check_server(uri)
+    check_store(uri)
     client = MlflowClient(tracking_uri=uri)
     sync_outboxes(uri)
     now = time.time() if now is None else now

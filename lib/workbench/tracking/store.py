@@ -2,7 +2,8 @@
 
 A store that cannot be used is bad input, found before anything is created: a tracking server
 that does not answer (one short request, not MLflow's minutes of retries), a SQLite store in a
-directory that cannot be written or a file that is not a SQLite database (left untouched).
+directory that cannot be written or a file that is not an intact MLflow database (not SQLite,
+corrupt or truncated, another application's tables: left untouched).
 Artifacts of an embedded store live beside it (``<store dir>/mlartifacts``).
 """
 
@@ -128,18 +129,22 @@ def check_server(uri: str, timeout_s: float = SERVER_TIMEOUT_S) -> None:
         ) from None
 
 
+def check_store(uri: str) -> None:
+    """An existing store can be read: a server answers (:func:`check_server`), an existing
+    SQLite file is an intact MLflow database (:func:`check_sqlite_file`). Nothing is created."""
+    if is_embedded(uri):
+        check_sqlite_file(uri, Path(uri.removeprefix("sqlite:///")))
+    else:
+        check_server(uri)
+
+
 def check_sqlite_store(uri: str, db_path: Path) -> None:
-    """The store's directory can be written and its file, if any, is a SQLite database.
+    """The store's directory can be written and its file, if any, is an intact MLflow database.
 
     Nothing is created or modified when a check fails; the directory is created otherwise.
     """
     shown = redact_uri(uri)
-    if db_path.exists() and db_path.stat().st_size and not is_sqlite_file(db_path):
-        raise ConfigError(
-            f"tracking store {shown}: {db_path.name} is not a SQLite database (corrupt or "
-            "another file); move it away, or point MLFLOW_TRACKING_URI / tracking.uri at "
-            "another store"
-        )
+    check_sqlite_file(uri, db_path)
     try:
         db_path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=db_path.parent, prefix=".write-test-"):
@@ -153,8 +158,31 @@ def check_sqlite_store(uri: str, db_path: Path) -> None:
         ) from None
 
 
-def is_sqlite_file(db_path: Path) -> bool:
-    """Whether ``db_path`` holds a SQLite database, asked through SQLite itself (read-only).
+def check_sqlite_file(uri: str, db_path: Path) -> None:
+    """An existing, non-empty SQLite store file is a database, intact, and MLflow's.
+
+    A missing or empty file is left to MLflow, which creates its tables there.
+    """
+    if not (db_path.is_file() and db_path.stat().st_size):
+        return
+    problem = sqlite_problem(db_path)
+    if problem is not None:
+        raise ConfigError(
+            f"tracking store {redact_uri(uri)}: {db_path.name} {problem}; move it away (or "
+            "restore it from a backup), or point MLFLOW_TRACKING_URI / tracking.uri at "
+            "another store"
+        )
+
+
+# Tables every MLflow store has (MLflow's migrations create them first); a database holding
+# tables but none of these belongs to another application.
+MLFLOW_TABLES = frozenset({"alembic_version", "experiments", "runs"})
+
+
+def sqlite_problem(db_path: Path) -> str | None:
+    """Why ``db_path`` cannot be an MLflow store, asked through SQLite itself (read-only), or
+    None: not a database, corrupt or truncated (its schema cannot be read: SQLite compares
+    the header's page count with the file), or another application's tables.
 
     Not by opening the file: closing any descriptor of a file releases every POSIX lock the
     process holds on it, those of its open SQLite connections included (a notebook's
@@ -164,10 +192,19 @@ def is_sqlite_file(db_path: Path) -> bool:
     """
     try:
         with contextlib.closing(sqlite3.connect(f"{db_path.as_uri()}?mode=ro", uri=True)) as db:
-            db.execute("PRAGMA schema_version").fetchone()
+            tables = {row[0] for row in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
     except sqlite3.DatabaseError as exc:
-        return "not a database" not in str(exc)  # others (busy, cannot open): MLflow's turn
-    return True
+        if "not a database" in str(exc):
+            return "is not a SQLite database (corrupt or another file)"
+        if "malformed" in str(exc) or "corrupt" in str(exc):
+            return f"is corrupt or truncated ({exc})"
+        return None  # busy, cannot open: MLflow's turn, with its own message
+    if tables and not tables & MLFLOW_TABLES:
+        shown = ", ".join(sorted(tables)[:3])
+        return (f"holds another application's tables ({shown}), not MLflow's; it is left "
+                "as it is")
+    return None
 
 
 def artifacts_root(uri: str) -> Path:

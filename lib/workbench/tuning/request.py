@@ -27,7 +27,7 @@ from workbench.tuning.objectives import Objective
 from workbench.tuning.space import SearchSpace, largest_rollout, parse_space
 
 DEFAULT_SEARCH = "search=ppo"
-STUDY_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")
+STUDY_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")  # fullmatch: no trailing newline
 # Keys every trial gets from the study; overriding them for all trials is an error.
 TRIAL_KEYS = {"eval.every_steps": "tune.eval_every_steps", "tracking.run_name": "the trial name"}
 # The most a task returns per step by definition (reward bounded above), for the target check;
@@ -77,7 +77,7 @@ def check_request(overrides: Sequence[str], n_trials: int | None = None) -> Tune
     check_budget(space, base)
     check_sampler(tune, space)
     study = tune.study or study_identity(base.env.name, space, objective, point_overrides)
-    if not STUDY_PATTERN.match(study):
+    if not STUDY_PATTERN.fullmatch(study):
         raise ConfigError(f"tune.study={study!r}: use letters, digits, '_', '.', '-' only")
     total = n_trials if n_trials is not None else tune.n_trials
     if total < 1:

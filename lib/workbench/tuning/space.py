@@ -184,9 +184,34 @@ def categorical(key: str, targets: tuple[str, ...], choices: list[Any]) -> Dimen
     for value in choices:
         if not isinstance(value, bool | int | float | str):
             raise ConfigError(f"{where}.choices: {value!r} is not a number, string or boolean")
+        check_choice_type(key, targets[0], value)
         if isinstance(value, int | float) and not isinstance(value, bool):
             check_in_range(key, targets[0], value)
     return Dimension(key, targets, "categorical", choices=tuple(choices))
+
+
+def check_choice_type(key: str, target: str, value: Any) -> None:
+    """A choice must have the type of the config key it sets: ``n_steps`` takes whole numbers,
+    ``gamma`` numbers, ``activation`` one of its names; else every trial would fail."""
+    base = int if key == "net_width" else scalar_type(target)
+    if base is None:
+        return
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if base is bool:
+        fits, expected = isinstance(value, bool), "true or false"
+    elif issubclass(base, StrEnum):
+        names = [str(m.value) for m in base]
+        fits, expected = isinstance(value, str) and value in names, f"one of {', '.join(names)}"
+    elif base is str:
+        fits, expected = isinstance(value, str), "a string"
+    elif base is int:
+        fits, expected = number and isinstance(value, int), "a whole number"
+    else:
+        fits, expected = number, "a number"
+    if not fits:
+        shown = repr(value).encode("ascii", "backslashreplace").decode()
+        raise ConfigError(f"search.params.{key}.choices: {shown[:60]} does not fit {target}; "
+                          f"each choice must be {expected}")
 
 
 def numeric(key: str, targets: tuple[str, ...], kind: str, spec: Mapping[str, Any]

@@ -45,6 +45,7 @@ from workbench.sweeps.point import (
 from workbench.sweeps.store import (
     child_filter,
     command_source_tags,
+    parent_closed_on_error,
     prepare_store,
     reopen_parent,
     search_all,
@@ -140,20 +141,30 @@ def run_tune(overrides: Sequence[str] | TuneRequest, n_trials: int | None = None
 
 def tune_with(plan: TunePlan, backend: TrialBackend) -> TuneResult:
     """The study proper, on a connected backend."""
-    import optuna
-
     started = time.perf_counter()
-    storage = open_storage(plan.storage)
+    # The tracking store is checked before the study's storage and folder are made.
     client, experiment_id = prepare_store(plan.tracking_uri, plan.experiment)
+    plan.out_dir.mkdir(parents=True, exist_ok=True)  # before any run exists
+    storage = open_storage(plan.storage)
     with study_lock(plan.storage, plan.study):
         study = open_study(plan, storage)
         parent_id = parent_run(client, experiment_id, plan, study)
+    with parent_closed_on_error(client, parent_id):
+        return study_trials(plan, backend, study, storage, client, experiment_id, parent_id,
+                            started)
+
+
+def study_trials(plan: TunePlan, backend: TrialBackend, study: Any, storage: Any,
+                 client: MlflowClient, experiment_id: str, parent_id: str,
+                 started: float) -> TuneResult:
+    """The trials of a study whose parent run exists, then the parent closed."""
+    import optuna
+
     optuna.storages.fail_stale_trials(study)  # trials of workers that died: FAIL, not counted
     runs.reap_stale_runs(plan.tracking_uri, experiment_names=[plan.experiment],
                          filter_string=child_filter(plan.study))
     done_before = sum(counts(t) for t in study.get_trials(deepcopy=False))
     print_plan(plan, backend, parent_id, done_before)
-    plan.out_dir.mkdir(parents=True, exist_ok=True)
     records, status, lost = run_trials(plan, study, storage, backend, client, parent_id,
                                        experiment_id)
     best = best_trial(study)
