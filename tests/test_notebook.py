@@ -23,7 +23,8 @@ from workbench import notebook
 from workbench.notebook import CurveHistory, ParameterError, check_parameters
 from workbench.training.trainer import TrainResult
 
-from .conftest import ROOT, TINY
+from .conftest import ROOT, TINY, copy_store
+from .trained_run import FinishedRun
 
 NOTEBOOK = ROOT / "notebooks" / "train.ipynb"
 # TINY without the keys the notebook's own parameters set.
@@ -123,6 +124,15 @@ def test_injected_values_pass_and_map_to_overrides() -> None:
 
 
 @pytest.mark.unit
+def test_a_resume_in_overrides_keeps_the_runs_shape() -> None:
+    """``overrides = ["resume=<id>"]``, as the notebook's stop line says: the run keeps its
+    env, rollout and seed, so the notebook passes only its budget and the overrides."""
+    params = check_parameters({**DEFAULTS, "overrides": ["resume=abc123"]}, history())
+    assert params.config_overrides() == [
+        "console.progress_bar=false", "total_timesteps=4096", "resume=abc123"]
+
+
+@pytest.mark.unit
 def test_sweep_parameters_give_the_child_tags() -> None:
     params = check_parameters({**DEFAULTS, "sweep_id": "s-1", "parent_run_id": "p",
                                "point": "hopper-ne4-ns512-s1"}, history())
@@ -198,6 +208,17 @@ def test_the_live_eval_line_ends_at_the_final_evaluation() -> None:
 
 
 @pytest.mark.unit
+def test_the_live_figure_shows_steps_logged_past_the_budget() -> None:
+    """SB3 trains whole rollouts: 40,000 steps at 2,048 a rollout end at 40,960, where the
+    final evaluation is logged; the x-axis reaches it."""
+    points = {"rollout/ep_rew_mean": [(20480, 1.0), (40960, 2.0)],
+              notebook.EVAL_KEY: [(40960, 3.0)]}
+    figure = notebook.curves_figure(points, total=40000)
+    assert all(ax.get_xlim()[1] >= 40960 for ax in figure.axes)
+    assert notebook.curves_figure({}, total=40000).axes[0].get_xlim() == (0, 40000)
+
+
+@pytest.mark.unit
 def test_curve_history_dates_train_values_like_mlflow() -> None:
     history_writer = CurveHistory(["rollout/ep_rew_mean", "train/approx_kl"])
     history_writer.write({"rollout/ep_rew_mean": 1.0, "time/fps": 5}, {}, step=128)
@@ -260,6 +281,26 @@ def test_papermill_execution_logs_a_complete_run(store: Path, tmp_path: Path) ->
     logged = Path(client.download_artifacts(run.info.run_id, "video/replay.mp4", str(tmp_path)))
     assert base64.b64decode(encoded) == logged.read_bytes()
     assert "20 frames 96x64" in page
+
+
+def test_the_stop_lines_resume_runs_in_the_notebook(finished_run: FinishedRun,
+                                                    tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a stopped run's line says (``overrides = ["resume=<id>"]``), done in a real kernel
+    with the notebook's other parameters left as they were: the run continues, its own."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI",
+                       copy_store(finished_run.experiments, tmp_path / "experiments"))
+    output = tmp_path / "out.ipynb"
+    parameters = {**TINY_PARAMETERS, "env": "hopper", "num_envs": 4, "total_timesteps": 512,
+                  "overrides": [f"resume={finished_run.run_id}"]}
+    papermill.execute_notebook(str(NOTEBOOK), str(output), parameters=parameters,
+                               progress_bar=False, cwd=str(NOTEBOOK.parent))
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    (run,) = client.search_runs([client.get_experiment_by_name("workbench").experiment_id])
+    assert (run.info.run_id, run.info.status) == (finished_run.run_id, "FINISHED")
+    assert run.data.params["env.id"].startswith("HalfCheetah")  # the run's, not the cell's
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/entropy")]
+    assert steps == [128, 256, 384, 512]
 
 
 def test_wrong_type_and_unknown_name_stop_in_the_check_cell(store: Path,

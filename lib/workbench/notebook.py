@@ -34,6 +34,7 @@ from workbench.tuning.trial import TrialSession, open_trial
 
 if TYPE_CHECKING:
     import pandas
+    from matplotlib.figure import Figure
 
     from workbench.training.trainer import TrainResult
 
@@ -90,19 +91,29 @@ class NotebookParameters:
     trial: int = -1
     injected: tuple[str, ...] = field(default=(), compare=False)  # names papermill set
 
+    @property
+    def resumes(self) -> bool:
+        """True when ``overrides`` continue a stopped run (``resume=<run id>``)."""
+        return any(o.split("=", 1)[0].lstrip("+") == "resume" for o in self.overrides)
+
     def config_overrides(self) -> list[str]:
         """Hydra overrides for ``load_config``; ``overrides`` come last, so they win.
 
         The tqdm bar is off by default here: the live curves show progress and a bar would
-        fill a papermill-executed notebook with carriage-return updates.
+        fill a papermill-executed notebook with carriage-return updates. A resumed run keeps
+        its own environment, rollout and seed, so with ``resume=`` the notebook passes only
+        its budget (``total_timesteps``) and ``overrides``.
         """
-        return [
-            "console.progress_bar=false",
+        run_shape = [] if self.resumes else [
             f"env={self.env}",
             f"env.num_envs={self.num_envs}",
             f"algo.n_steps={self.n_steps}",
+        ]
+        return [
+            "console.progress_bar=false",
+            *run_shape,
             f"total_timesteps={self.total_timesteps}",
-            f"seed={self.seed}",
+            *([] if self.resumes else [f"seed={self.seed}"]),
             *self.overrides,
         ]
 
@@ -352,19 +363,32 @@ def display_handle() -> Any:
 
 def render_curves(points: Mapping[str, Sequence[tuple[int, float]]], total: int) -> bytes:
     """The four curves as a PNG (matplotlib's object API: no pyplot state, no double display)."""
+    buffer = io.BytesIO()
+    curves_figure(points, total).savefig(buffer, format="png", dpi=80)
+    return buffer.getvalue()
+
+
+def curves_figure(points: Mapping[str, Sequence[tuple[int, float]]], total: int) -> Figure:
+    """The live figure: reward (with the evaluations), entropy, clip fraction and KL.
+
+    The x-axis spans the budget (``total``) or the last logged step, whichever is further:
+    SB3 trains whole rollouts, so the last rollout and the final evaluation can end past
+    ``total_timesteps`` (40,960 for 40,000 at 2,048 steps a rollout).
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(11, 6), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(2, 2, sharex=True).ravel()
+    last_step = max((step for series in points.values() for step, _ in series), default=0)
     for ax, (key, title) in zip(axes, CURVES, strict=True):
         steps, values = zip(*points.get(key, []), strict=True) if points.get(key) else ((), ())
         ax.plot(steps, values, marker=".", label=key)
         ax.set_title(title)
         ax.grid(alpha=0.3)
         if total:
-            ax.set_xlim(0, total)
+            ax.set_xlim(0, max(total, last_step))
     evals = points.get(EVAL_KEY) or []
     if evals:
         steps, values = zip(*evals, strict=True)
@@ -373,9 +397,7 @@ def render_curves(points: Mapping[str, Sequence[tuple[int, float]]], total: int)
     axes[2].axhline(CLIP_FRACTION_WARNING, color="tab:red", linestyle=":", linewidth=1)
     for ax in axes[2:]:
         ax.set_xlabel("environment steps")
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=80)
-    return buffer.getvalue()
+    return figure
 
 
 # --------------------------------------------------------------------------- summary
