@@ -107,6 +107,17 @@ def test_plan_reports_invalid_points_and_refuses_an_all_invalid_grid() -> None:
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("grid", [
+    ["env=inverted_pendulum", "sweep.num_envs=[1,2]", "sweep.n_steps=[64,128]"],
+    ["sweep=scale", "sweep.iso_batch=256"],  # the small ladder the duck practice starts with
+])
+def test_each_point_is_checked_with_its_own_minibatch(grid: list[str]) -> None:
+    """``algo.batch_size`` follows each point's rollout (half of it by default): a point is
+    checked with its own, not with the base config's."""
+    assert plan_sweep(grid).invalid == {}
+
+
+@pytest.mark.unit
 def test_workers_never_oversubscribe_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORKBENCH_CPU_BUDGET", "2")
     four = LocalExecutor(workers=4)
@@ -247,6 +258,17 @@ def test_two_by_two_sweep_with_two_workers_then_resume(
         before["sweep/wall_time_s"] + resumed["sweep/attempt_wall_time_s"])
     shared_children = reportdata.sweep_runs(shared.uri, "child")  # the source is untouched
     assert sorted(r.info.status for r in shared_children) == ["FINISHED"] * 8
+
+
+def test_a_small_rollout_sweep_trains_with_the_points_own_minibatch(store: Path) -> None:
+    """A rollout smaller than the base config's minibatch is a valid point of its own."""
+    proc = run_cli("sweep", "env=inverted_pendulum", "sweep.num_envs=[1]", "sweep.n_steps=[64]",
+                   "total_timesteps=64", "tracking.system_metrics=false", "video=off",
+                   env=CORES_2, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "will fail" not in proc.stdout
+    (run,) = runs_of("child")
+    assert (run.info.status, run.data.params["algo.batch_size"]) == ("FINISHED", "32")
 
 
 def test_a_point_with_a_bad_parameter_fails_alone(store: Path) -> None:

@@ -18,9 +18,13 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from workbench import config
 from workbench.config import ConfigError, SweepConfig, WorkbenchConfig
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 # Config keys the grid sets for each point; overriding them for the whole sweep is an error.
 GRID_KEYS = {"env.num_envs": "sweep.num_envs", "algo.n_steps": "sweep.n_steps",
@@ -109,17 +113,19 @@ def check_request(overrides: Sequence[str]) -> SweepRequest:
     """
     overrides = list(overrides)
     check_grid_keys(overrides, "on the command line")
-    typed = compose_typed(overrides)
+    composed = config.compose(overrides)
+    typed = typed_config(composed)
     config.check_names(typed)  # before a sweep id or a point name is built from them
     sweep = typed.sweep
     check_grid_keys(sweep.overrides, "in sweep.overrides")
     # The preset's overrides first: the command line wins over a conf/sweep/ file.
     point_overrides = list(sweep.overrides) + [o for o in overrides if not is_sweep_override(o)]
     if sweep.overrides:
-        typed = compose_typed(point_overrides)  # what the points compose, checked once here
+        composed = config.compose(point_overrides)  # what the points compose, checked here
+        typed = typed_config(composed)
     check_sweep_settings(sweep)
     points = expand_grid(sweep, typed.env.name)
-    invalid = invalid_points(typed, points)
+    invalid = invalid_points(composed, points)
     if len(invalid) == len(points):
         first = points[0].name
         raise ConfigError(f"every point of the sweep is invalid, e.g. {first}: {invalid[first]}")
@@ -130,9 +136,14 @@ def check_request(overrides: Sequence[str]) -> SweepRequest:
 
 def compose_typed(overrides: Sequence[str]) -> WorkbenchConfig:
     """Hydra composition merged into the schema (types, keys), without cross-field checks."""
+    return typed_config(config.compose(overrides))
+
+
+def typed_config(composed: DictConfig) -> WorkbenchConfig:
+    """A composed config resolved into the schema's dataclasses (no cross-field checks)."""
     from omegaconf import OmegaConf
 
-    typed = OmegaConf.to_object(config.compose(overrides))
+    typed = OmegaConf.to_object(composed)
     assert isinstance(typed, WorkbenchConfig)
     return typed
 
@@ -181,14 +192,23 @@ def check_sweep_settings(sweep: SweepConfig) -> None:
                           "(0: the points get no GPU from Ray)")
 
 
-def invalid_points(typed: WorkbenchConfig, points: Sequence[Point]) -> dict[str, str]:
-    """Points whose full config fails the cross-field checks, with the error line."""
+def invalid_points(composed: DictConfig, points: Sequence[Point]) -> dict[str, str]:
+    """Points whose full config fails the cross-field checks, with the error line.
+
+    Each point's values go into the composed config before it is resolved, as the point's
+    own composition does, so what follows from them (``algo.batch_size``, half a rollout by
+    default) is the point's, not the base config's.
+    """
+    from omegaconf import OmegaConf
+
     invalid: dict[str, str] = {}
     for point in points:
-        cfg = copy.deepcopy(typed)
-        cfg.env.num_envs, cfg.algo.n_steps, cfg.seed = point.num_envs, point.n_steps, point.seed
+        own = copy.deepcopy(composed)
+        for key, value in (("env.num_envs", point.num_envs), ("algo.n_steps", point.n_steps),
+                           ("seed", point.seed)):
+            OmegaConf.update(own, key, value, merge=False)
         try:
-            config.check_values(cfg)
+            config.check_values(typed_config(own))
         except ConfigError as exc:
             invalid[point.name] = str(exc)
     return invalid
