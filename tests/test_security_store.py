@@ -9,9 +9,12 @@ options. A sentinel module (or pickle) that writes a marker file stands for an a
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import pickle
 import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,9 +22,13 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 from workbench import cli
+from workbench.config import ConfigError
+from workbench.deploy import export
 
+from .conftest import copy_store
 from .test_bad_input import tree_state
-from .trained_run import FinishedRun
+from .test_checkpoint import Marker
+from .trained_run import ExportedPolicy, FinishedRun
 
 CHECKPOINT = "checkpoints/step-000000000384"  # the finished run's last checkpoint
 
@@ -119,3 +126,62 @@ def test_resume_refuses_a_checkpoint_that_does_not_fit_the_model(
         ["train", f"resume={finished_run.run_id}", "total_timesteps=512"], finished_run, capsys,
         f"checkpoint {CHECKPOINT} does not fit the run's model: {key} is shape "
         f"{[good.shape[0] + 1, *good.shape[1:]]}, the run's config needs shape {list(good.shape)}")
+
+
+# --------------------------------------------------------------------------- export --run
+
+
+@pytest.fixture()
+def store_copy(exported_policy: ExportedPolicy, tmp_path: Path) -> tuple[MlflowClient, Path]:
+    """A copy of the exported VecNormalize run's store (a store someone else wrote): its
+    client and the run's artifact folder."""
+    uri = copy_store(exported_policy.experiments, tmp_path / "copy")
+    client = MlflowClient(uri)
+    artifacts = client.get_run(exported_policy.run_id).info.artifact_uri.removeprefix("file://")
+    return client, Path(artifacts)
+
+
+def test_export_unpickles_nothing_from_the_store(
+    exported_policy: ExportedPolicy, store_copy: tuple[MlflowClient, Path], tmp_path: Path,
+) -> None:
+    client, artifacts = store_copy
+    mark = tmp_path / "PICKLE-RAN"
+    payload = pickle.dumps(Marker(mark))
+    model = artifacts / "model"
+    (model / "vecnormalize.pkl").write_bytes(payload)
+    with zipfile.ZipFile(model / "model.zip") as src:  # SB3 cloudpickles the data's entries
+        items = [(item, src.read(item)) for item in src.infolist()]
+    data = json.loads(dict((i.filename, c) for i, c in items)["data"])
+    data["lr_schedule"] = {":type:": "<class 'function'>",
+                           ":serialized:": base64.b64encode(payload).decode()}
+    with zipfile.ZipFile(model / "model.zip", "w") as dst:
+        for item, content in items:
+            dst.writestr(item, json.dumps(data) if item.filename == "data" else content)
+
+    source = export.load_run(client, exported_policy.run_id, tmp_path / "download")
+    assert not mark.exists(), "a pickle from the store was loaded"
+    # The policy came from the run's final checkpoint: its weights and VecNormalize statistics.
+    assert source.model.num_timesteps == 384 and source.vecnormalize is not None
+    assert source.vecnormalize.obs_rms.mean.shape == (17,)
+    assert source.vecnormalize.obs_rms.count > 1  # the training statistics, not fresh ones
+    obs = np.zeros((4, 17), dtype=np.float32)
+    assert np.isfinite(source.deterministic_actions(obs)).all()
+
+
+def test_export_imports_no_module_the_run_names(
+    exported_policy: ExportedPolicy, store_copy: tuple[MlflowClient, Path], tmp_path: Path,
+    sentinel: tuple[str, Path],
+) -> None:
+    client, artifacts = store_copy
+    name, mark = sentinel
+    (final,) = (artifacts / "checkpoints").iterdir()
+    for path in (artifacts / "model" / "config.yaml", final / "config.yaml"):
+        path.write_text(path.read_text().replace("id: HalfCheetah-v5",
+                                                 f"id: {name}:HalfCheetah-v5"))
+    rehash(final)
+    with pytest.raises(ConfigError, match=rf"env.id='{name}:HalfCheetah-v5' would import "
+                       rf"module '{name}'.*pass --allow-module {name} if you trust"):
+        export.load_run(client, exported_policy.run_id, tmp_path / "refused")
+    assert not mark.exists() and name not in sys.modules
+    export.load_run(client, exported_policy.run_id, tmp_path / "allowed", [name])
+    assert mark.exists()  # the user named it: imported

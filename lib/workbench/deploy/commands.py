@@ -4,12 +4,12 @@ of their values are :mod:`workbench.deploy.arguments`, which loads no torch).
     workbench export --run RUN_ID | --bundle DIR | --repo-id ORG/NAME --revision REV
                      [--allow-module MODULE]... [--observations N] [--episodes N] [--calls N]
                      [--warmup N]
-    workbench hub push --run RUN_ID --repo-id ORG/NAME [--public]
+    workbench hub push --run RUN_ID --repo-id ORG/NAME [--public] [--allow-module MODULE]...
     workbench hub pull --repo-id ORG/NAME --revision REV [--allow-module MODULE]...
 
-A bundle is data: its ``config.yaml`` may name an env as ``module:Id`` (gymnasium would import
-the module) only when that module is allowed with ``--allow-module`` (repeatable; a package
-allows its submodules).
+A bundle, and a run of a store (which may be shared), are data: their ``config.yaml`` may name
+an env as ``module:Id`` (gymnasium would import the module) only when that module is allowed
+with ``--allow-module`` (repeatable; a package allows its submodules).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def export_command(args: argparse.Namespace) -> int:
     export.quiet_downloads()
     try:
         if args.run:
-            result = export.export_run(args.run, **budget)
+            result = export.export_run(args.run, allowed_modules=allowed, **budget)
         else:
             directory = (pull_verified(args.repo_id, args.revision, allowed).directory
                          if args.repo_id else hub.bundle_directory(args.bundle))
@@ -57,7 +57,8 @@ def hub_command(args: argparse.Namespace) -> int:
     export.quiet_downloads()
     try:
         if args.hub_action == "push":
-            hub.print_push(hub.push(args.run, check_repo_id(args.repo_id), private=not args.public))
+            hub.print_push(hub.push(args.run, check_repo_id(args.repo_id), private=not args.public,
+                                    allowed_modules=allowed_modules(args.allow_module)))
         else:
             allowed = allowed_modules(args.allow_module)
             hub.print_pull(pull_verified(args.repo_id, args.revision, allowed))

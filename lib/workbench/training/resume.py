@@ -38,13 +38,15 @@ from omegaconf import DictConfig, OmegaConf
 from workbench import config
 from workbench.config import ConfigError, WorkbenchConfig
 from workbench.envs.checks import check_data_env_id, split_env_id
-from workbench.envs.spec import EnvSpec
-from workbench.envs.vector import make_env
 from workbench.tracking import outbox, runs
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import is_embedded, make_client, resolve_tracking_uri
-from workbench.training.checkpoint import CorruptCheckpoint, download, stored_checkpoints
-from workbench.training.model import build_model
+from workbench.training.checkpoint import (
+    CorruptCheckpoint,
+    download,
+    misfit,
+    stored_checkpoints,
+)
 
 # Keys a resume may set (prefixes end at a dot boundary). Everything else must match the run.
 MAY_CHANGE = (
@@ -234,69 +236,13 @@ def check_fits(point: ResumePoint, cfg: WorkbenchConfig) -> None:
     is refused here, before the run is reopened, instead of failing inside torch once the run
     is RUNNING (which would mark a FINISHED run FAILED).
     """
-    for key, expected, found in shape_pairs(point.state, cfg):
-        if found != expected:
-            raise ConfigError(
-                f"resume={point.run_id}: checkpoint {point.artifact_path} does not fit the "
-                f"run's model: {key} is {shape_text(found)}, the run's config needs "
-                f"{shape_text(expected)}; delete that folder from the run's "
-                "artifacts to resume from the one before, or start a new run"
-            )
-
-
-Shape = tuple[int, ...] | None  # None: no such array
-
-
-def shape_text(shape: Shape) -> str:
-    """``shape [6, 256]``, or ``no array``."""
-    return "no array" if shape is None else f"shape {list(shape)}"
-
-
-def shape_pairs(state: dict[str, Any], cfg: WorkbenchConfig) -> list[tuple[str, Shape, Shape]]:
-    """``(array, shape the config gives, shape in the checkpoint)`` for every array whose
-    shape the config and the environment's spaces decide (policy weights, Adam moments,
-    PPO's last observation, VecNormalize statistics)."""
-    from stable_baselines3.common.vec_env import DummyVecEnv
-
-    venv = DummyVecEnv([lambda: make_env(EnvSpec.from_config(cfg))])
-    try:  # a one-env copy of the network on the CPU: its parameter shapes, nothing trained
-        net = build_model(cfg, venv, device="cpu").policy
-        obs = tuple(venv.observation_space.shape or ())
-    finally:
-        venv.close()
-    weights, policy, n = net.state_dict(), as_mapping(state.get("policy")), cfg.env.num_envs
-    pairs: list[tuple[str, Shape, Shape]] = [
-        (f"policy/{name}", tuple(w.shape), shape_of(policy.get(name)))
-        for name, w in weights.items()]
-    pairs += [(f"policy/{name}", None, shape_of(policy[name]))  # a tensor the net has not
-              for name in sorted(set(policy) - set(weights), key=str)]
-    # Adam's state is keyed by the parameter's index in policy.parameters() (its one group)
-    moments = as_mapping(as_mapping(state.get("optimizer")).get("state"))
-    for index, (name, p) in enumerate(net.named_parameters()):
-        for moment in ("exp_avg", "exp_avg_sq"):
-            if index in moments:
-                found = shape_of(as_mapping(moments[index]).get(moment))
-                pairs.append((f"optimizer/{name}/{moment}", tuple(p.shape), found))
-    pairs += [("last_obs", (n, *obs), shape_of(state.get("last_obs"))),
-              ("last_episode_starts", (n,), shape_of(state.get("last_episode_starts")))]
-    norm = state.get("vecnormalize")
-    if norm is not None:
-        norm = as_mapping(norm)
-        pairs += [(f"vecnormalize/{key}", obs, shape_of(norm.get(key)))
-                  for key in ("obs_mean", "obs_var")]
-        pairs += [("vecnormalize/returns", (n,), shape_of(norm.get("returns")))]
-    return pairs
-
-
-def as_mapping(value: Any) -> dict[Any, Any]:
-    """``value`` if it is a mapping, else an empty one (its arrays then show as missing)."""
-    return value if isinstance(value, dict) else {}
-
-
-def shape_of(value: Any) -> Shape:
-    """The shape of an array or tensor; None for anything else (a missing entry)."""
-    shape = getattr(value, "shape", None)
-    return None if shape is None else tuple(int(d) for d in shape)
+    problem = misfit(point.state, cfg)
+    if problem:
+        raise ConfigError(
+            f"resume={point.run_id}: checkpoint {point.artifact_path} does not fit the "
+            f"run's model: {problem}; delete that folder from the run's artifacts to resume "
+            "from the one before, or start a new run"
+        )
 
 
 def reopen(client: MlflowClient, point: ResumePoint) -> dict[str, int]:
