@@ -236,3 +236,24 @@ def test_lock_writes_only_pins_and_escapes_every_other_stored_value(
                           "that are not name==version pins: '--index-url https://evil.example"
                           "/simple', '-e git+https://evil.example/x#egg=x', "), err
     assert "'evil==1.0\\\\x0a-r /etc/shadow'" not in err and "and 2 more" in err, err
+
+
+# --------------------------------------------------------------------------- Hub bundles
+
+
+def test_a_bundle_that_fails_verification_is_one_error_line(
+    exported_policy: ExportedPolicy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from workbench.deploy import hub
+
+    exported_policy.use(monkeypatch)
+    folder = tmp_path / "bundle"
+    hub.write_bundle(MlflowClient(exported_policy.uri), exported_policy.run_id, folder)
+    with (folder / "README.md").open("a") as card:
+        card.write("\nchanged after publishing\n")
+    capsys.readouterr()  # MLflow's download progress while the bundle was written
+    assert cli.main(["export", "--bundle", str(folder)]) == 2
+    assert capsys.readouterr().err == (
+        f"workbench: error: bundle verification failed: {folder}: README.md differs from its "
+        "sha256 in bundle.json\n")
