@@ -18,6 +18,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import gymnasium
 import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
@@ -257,3 +258,46 @@ def test_a_bundle_that_fails_verification_is_one_error_line(
     assert capsys.readouterr().err == (
         f"workbench: error: bundle verification failed: {folder}: README.md differs from its "
         "sha256 in bundle.json\n")
+
+
+# --------------------------------------------------------------------------- plain messages
+
+
+class Blind(gymnasium.Env):  # type: ignore[type-arg]
+    """A task that declares no render mode (a robot without a visual model)."""
+
+    metadata = {"render_modes": []}  # noqa: RUF012  (gymnasium's own class attribute)
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (3,))
+    action_space = gymnasium.spaces.Box(-1.0, 1.0, (1,))
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None
+              ) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        return np.zeros(3, dtype=np.float32), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        return np.zeros(3, dtype=np.float32), 0.0, False, False, {}
+
+
+@pytest.mark.unit
+def test_a_run_of_an_env_without_rendering_does_not_blame_opengl(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from stable_baselines3.common.vec_env import DummyVecEnv
+    from workbench.config import VideoConfig
+    from workbench.training.video import VideoRecorder
+
+    venv = DummyVecEnv([lambda: gymnasium.wrappers.TimeLimit(Blind(), 10)])
+    recorder = VideoRecorder(VideoConfig(), client=None, run_id="run")
+
+    class Model:
+        def predict(self, obs: np.ndarray, deterministic: bool) -> tuple[np.ndarray, None]:
+            return np.zeros((len(obs), 1), dtype=np.float32), None
+
+    assert recorder.record(Model(), venv, venv, "replay") is None
+    warning = capsys.readouterr().err
+    assert warning == ("workbench: warning: no video: Blind has no rendering (its metadata's "
+                       "render_modes [] have no rgb_array), so it gives no frames to record; "
+                       "the run goes on without video\n")
+    assert recorder.summary(1.0) == "none (the env has no rendering, see the warning above)"
+    assert "OpenGL" not in warning + recorder.summary(1.0)
