@@ -301,3 +301,41 @@ def test_a_run_of_an_env_without_rendering_does_not_blame_opengl(
                        "the run goes on without video\n")
     assert recorder.summary(1.0) == "none (the env has no rendering, see the warning above)"
     assert "OpenGL" not in warning + recorder.summary(1.0)
+
+
+# What str() of a RayTaskError gives when a point's worker is refused by the team server: Ray's
+# coloured header, the remote traceback, the exception line with the HTTP status last.
+RAY_401 = (
+    "\x1b[36mray::run_point()\x1b[39m (pid=48213, ip=10.0.0.7)\n"
+    "  File \"/srv/workbench/lib/workbench/sweeps/point.py\", line 288, in run_point\n"
+    "    run = client.create_run(experiment_id, tags=tags)\n"
+    "  File \"/srv/workbench/.venv/lib/python3.11/site-packages/mlflow/tracking/client.py\", "
+    "line 434, in create_run\n"
+    "    return self._tracking_client.create_run(experiment_id, start_time, tags, run_name)\n"
+    "  File \"/srv/workbench/.venv/lib/python3.11/site-packages/mlflow/utils/rest_utils.py\", "
+    "line 393, in verify_rest_response\n"
+    "    raise MlflowException(\n"
+    "mlflow.exceptions.MlflowException: API request to endpoint /api/2.0/mlflow/runs/create "
+    "failed with error code 401 != 200. Response body: 'You are not authenticated. Please see "
+    "https://www.mlflow.org/docs/latest/auth/index.html#authenticating-to-mlflow on how to "
+    "authenticate.'"
+)
+
+
+@pytest.mark.unit
+def test_a_ray_task_error_keeps_the_refused_login_without_colour_codes() -> None:
+    from workbench.sweeps.ray_cluster import task_error
+
+    assert task_error(RAY_401) == (
+        "mlflow.exceptions.MlflowException: API request to endpoint /api/2.0/mlflow/runs/create "
+        "failed with error code 401 != 200. Response body: 'You are not authenticated. Please "
+        "see https://www.mlflow.org/docs/latest/auth/index.html#authenticating-to-mlflow on how "
+        "to authenticate.'")
+    # Ray's own errors (no remote traceback) keep their first line, colour codes stripped.
+    lost = ("\x1b[31mThe worker died unexpectedly while executing this task.\x1b[0m Check "
+            "python-core-worker-*.log files for more information.\nRayActorError")
+    assert task_error(lost) == ("The worker died unexpectedly while executing this task. Check "
+                                "python-core-worker-*.log files for more information.")
+    # A message from a node is data: no control character reaches the console or the run's tag.
+    assert task_error("OSError: disk \x07full\x1b]0;owned\x07 on node\x9b2J") == (
+        "OSError: disk \\x07full on node")
