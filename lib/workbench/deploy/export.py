@@ -38,7 +38,7 @@ import torch
 from stable_baselines3.common.vec_env import VecNormalize
 
 from workbench import config
-from workbench.config import ConfigError, Device, RandomizationConfig, WorkbenchConfig
+from workbench.config import ConfigError, RandomizationConfig, WorkbenchConfig
 from workbench.deploy.arguments import (
     DEFAULT_CALLS,
     DEFAULT_EPISODES,
@@ -355,9 +355,8 @@ def load_run(client: Any, run_id: str, workdir: Path,
         raise ConfigError(f"run {run_id}: checkpoint {final.path} does not fit the run's "
                           f"model: {problem}; delete that folder from the run's artifacts or "
                           "train again")
-    cfg.device = Device.cpu  # export and its checks infer on the CPU
     venv = make_eval_env(EnvSpec.from_config(cfg))  # VecNormalize(training=False) if normalized
-    model = build_model(cfg, venv, device="cpu")
+    model = build_model(cfg, venv, device="cpu")  # export and its checks infer on the CPU
     model.policy.load_state_dict(state["policy"])
     model.num_timesteps = final.step
     vecnormalize = venv if isinstance(venv, VecNormalize) else None
