@@ -357,7 +357,7 @@ def test_pull_rejects_an_altered_bundle(
     files["samples.npz"] = altered.read_bytes()
     commit = populate_cache(tmp_path / "cache", REPO, files, refs={"bad": "HEAD"})
     offline_cache(monkeypatch, tmp_path / "cache")
-    assert cli.main(["hub", "pull", "--repo-id", REPO, "--revision", "bad"]) == 1
+    assert cli.main(["hub", "pull", "--repo-id", REPO, "--revision", "bad"]) == 2
     err = capsys.readouterr().err
     assert err.strip().endswith("samples.npz differs from its sha256 in bundle.json")
     # Even with a matching index, parity against the shipped samples catches it.

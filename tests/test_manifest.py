@@ -542,7 +542,7 @@ def test_lock_names_the_cuda_build_and_its_index(tmp_path: Path) -> None:
                  "driver_cuda": "12.8"},
         "git": {"commit": "a" * 40, "dirty": True},
     }
-    text = manifest_lock.lock_requirements(m, "run abc (hopper)")
+    text = manifest_lock.lock_requirements(m, "run abc (hopper)").text
     assert text.splitlines()[6:] == [
         "--extra-index-url https://download.pytorch.org/whl/cu128",
         "mlflow==3.17.2", "nvidia-cublas-cu12==12.8.4.1", "torch==2.13.0+cu128",
@@ -553,7 +553,7 @@ def test_lock_names_the_cuda_build_and_its_index(tmp_path: Path) -> None:
     assert f"in a checkout of commit {'a' * 40} (the run had uncommitted changes" in text
     assert "on Linux, x86_64, glibc 2.28" in text
     pypi = manifest_lock.lock_requirements(
-        {**m, "pip_freeze": ["torch==2.13.0"], "cuda": {"torch_cuda": "13.0"}}, "x")
+        {**m, "pip_freeze": ["torch==2.13.0"], "cuda": {"torch_cuda": "13.0"}}, "x").text
     assert "--extra-index-url" not in pypi and "CUDA 13.0, PyPI's default wheel" in pypi
 
 

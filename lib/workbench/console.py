@@ -2,6 +2,8 @@
 
 Plain printing only (no training or tracking imports), shared by training, sweeps and the
 Hub commands: the header says what runs where, the summary table where results went.
+:func:`printable` makes a value read from a store or another process safe to print or to
+write into a line of a file (no terminal escapes, no line breaks it did not come with).
 """
 
 from __future__ import annotations
@@ -10,6 +12,45 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+# ECMA-48 escape sequences a terminal acts on: CSI (colours, cursor moves: ESC [ ... final
+# byte), OSC (window titles, hyperlinks: ESC ] ... BEL or ESC \\) and the other two-byte
+# ESC sequences; the C1 forms (0x9b CSI, 0x9d OSC) too.
+ANSI_ESCAPE = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
+    r"|(?:\x1b\]|\x9d)[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+    r"|\x1b[@-Z\\^_]"
+)
+# C0 and C1 control characters (DEL included; ESC starts the sequences that write the
+# clipboard (OSC 52), retitle the window or move the cursor), the Unicode line and paragraph
+# separators (str.splitlines, and so pip's requirements parser, breaks lines at those too),
+# and the characters that reorder or hide text (bidirectional overrides and isolates,
+# zero-width joiners).
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (colour codes, titles, cursor moves)."""
+    return ANSI_ESCAPE.sub("", text)
+
+
+def printable(text: str, keep_lines: bool = False) -> str:
+    """``text`` safe to print: every control character shown as visible ``\\x1b``-style text
+    (newlines and tabs too unless ``keep_lines``), so a value from data (names, tags,
+    manifests written by anyone with access to a store) can neither drive the terminal nor
+    start a line of its own, and a person still sees that it held something odd."""
+    keep = "\n\t" if keep_lines else ""
+
+    def escaped(match: re.Match[str]) -> str:
+        char = match[0]
+        return char if char in keep else char.encode("unicode_escape").decode("ascii")
+
+    return CONTROL.sub(escaped, text)
+
+
+def printable_lines(text: str) -> str:
+    """Several lines of run data safe to print: :func:`printable`, line breaks kept."""
+    return printable(text, keep_lines=True)
 
 
 def format_value(value: Any, fmt: str) -> str:
@@ -38,21 +79,3 @@ def print_table(rows: Sequence[tuple[str, Any]], title: str) -> None:
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
     print("=" * 72, flush=True)
-
-
-# C0 and C1 controls, DEL, and the characters that reorder or hide text on a terminal
-# (bidirectional overrides and isolates, zero-width joiners): ESC starts the sequences that
-# write the clipboard (OSC 52), retitle the window or move the cursor.
-_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def printable(text: str) -> str:
-    """``text`` safe to print in one line: every control character as visible ``\\x1b``-style
-    text (``\\n`` and ``\\t`` too), so run data (names, tags, manifests) written by anyone with
-    access to a store can neither send escape sequences to the terminal nor forge a line."""
-    return _CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
-
-
-def printable_lines(text: str) -> str:
-    """Several lines of run data safe to print: each line through :func:`printable`."""
-    return "\n".join(printable(line) for line in text.split("\n"))

@@ -48,10 +48,7 @@ def check_export_arguments(args: argparse.Namespace) -> list[str]:
     check_budget(args.observations, args.episodes, args.calls, args.warmup)
     if args.revision and not args.repo_id:
         raise ConfigError("--revision: only with --repo-id ORG/NAME")
-    allowed = allowed_modules(args.allow_module)
-    if allowed and args.run:
-        raise ConfigError("--allow-module: only with --bundle or --repo-id (a bundle's env)")
-    return allowed
+    return allowed_modules(args.allow_module)
 
 
 def check_budget(observations: int, episodes: int, calls: int, warmup: int) -> None:
@@ -79,6 +76,7 @@ def add_hub_arguments(parser: argparse.ArgumentParser) -> None:
     push.add_argument("--repo-id", metavar="ORG/NAME", required=True)
     push.add_argument("--public", action="store_true",
                       help="create the repository public (default: private)")
+    add_allow_module(push)
     pull = actions.add_parser("pull", help="download one commit and verify it (prints its folder)",
                               description="Download exactly one commit of a bundle into "
                               "experiments/hub/ORG/NAME/COMMIT and verify every file.")
@@ -89,10 +87,12 @@ def add_hub_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_allow_module(parser: argparse.ArgumentParser) -> None:
-    """``--allow-module MODULE``: the only way a bundle's ``module:Id`` env gets imported."""
+    """``--allow-module MODULE``: the only way a bundle's (or a stored run's) ``module:Id``
+    env gets imported."""
     parser.add_argument(
         "--allow-module", action="append", default=[], metavar="MODULE",
-        help="let a bundle's config.yaml name env.id=MODULE:Id (or a submodule of MODULE); "
+        help="let a bundle's (or the run's) config.yaml name env.id=MODULE:Id (or a submodule "
+        "of MODULE); "
         "importing it runs its code, so name only modules you trust (repeatable)")
 
 

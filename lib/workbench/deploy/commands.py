@@ -4,12 +4,12 @@ of their values are :mod:`workbench.deploy.arguments`, which loads no torch).
     workbench export --run RUN_ID | --bundle DIR | --repo-id ORG/NAME --revision REV
                      [--allow-module MODULE]... [--observations N] [--episodes N] [--calls N]
                      [--warmup N]
-    workbench hub push --run RUN_ID --repo-id ORG/NAME [--public]
+    workbench hub push --run RUN_ID --repo-id ORG/NAME [--public] [--allow-module MODULE]...
     workbench hub pull --repo-id ORG/NAME --revision REV [--allow-module MODULE]...
 
-A bundle is data: its ``config.yaml`` may name an env as ``module:Id`` (gymnasium would import
-the module) only when that module is allowed with ``--allow-module`` (repeatable; a package
-allows its submodules).
+A bundle, and a run of a store (which may be shared), are data: their ``config.yaml`` may name
+an env as ``module:Id`` (gymnasium would import the module) only when that module is allowed
+with ``--allow-module`` (repeatable; a package allows its submodules).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from workbench.config import ConfigError
+from workbench.console import printable
 from workbench.deploy import export, hub
 from workbench.deploy.arguments import allowed_modules, check_export_arguments
 from workbench.training.bundle import check_repo_id
@@ -24,7 +26,8 @@ from workbench.training.bundle_format import BundleError
 
 
 def export_command(args: argparse.Namespace) -> int:
-    """Check the arguments, export and verify; exit 1 when the parity check fails.
+    """Check the arguments, export and verify; exit 1 when the parity check fails, 2 (one
+    ``workbench: error:`` line) when a bundle fails verification.
 
     With ``--run`` the files and the report are logged to the run; with a pulled Hub bundle
     (``--bundle`` its directory, or ``--repo-id``/``--revision`` to pull it first) the same
@@ -36,14 +39,13 @@ def export_command(args: argparse.Namespace) -> int:
     export.quiet_downloads()
     try:
         if args.run:
-            result = export.export_run(args.run, **budget)
+            result = export.export_run(args.run, allowed_modules=allowed, **budget)
         else:
             directory = (pull_verified(args.repo_id, args.revision, allowed).directory
                          if args.repo_id else hub.bundle_directory(args.bundle))
             result = hub.verify_export(directory, allowed, **budget)
     except BundleError as exc:
-        print(f"workbench: bundle verification failed: {exc}", file=sys.stderr)
-        return 1
+        raise verification_failed(exc) from exc
     print(export.format_report(result.report))
     print(f"files: {result.directory}")
     if not result.passed:
@@ -53,18 +55,28 @@ def export_command(args: argparse.Namespace) -> int:
 
 
 def hub_command(args: argparse.Namespace) -> int:
-    """Push or pull; exit 1 when a bundle fails verification."""
+    """Push or pull; a pulled bundle that fails verification exits 2 (it is bad input, as a
+    malformed one is), a run whose own export fails verification on push exits 1."""
     export.quiet_downloads()
+    allowed = allowed_modules(args.allow_module)
+    if args.hub_action == "push":
+        try:
+            hub.print_push(hub.push(args.run, check_repo_id(args.repo_id),
+                                    private=not args.public, allowed_modules=allowed))
+        except BundleError as exc:
+            print(f"workbench: {exc}", file=sys.stderr)
+            return 1
+        return 0
     try:
-        if args.hub_action == "push":
-            hub.print_push(hub.push(args.run, check_repo_id(args.repo_id), private=not args.public))
-        else:
-            allowed = allowed_modules(args.allow_module)
-            hub.print_pull(pull_verified(args.repo_id, args.revision, allowed))
+        hub.print_pull(pull_verified(args.repo_id, args.revision, allowed))
     except BundleError as exc:
-        print(f"workbench: bundle verification failed: {exc}", file=sys.stderr)
-        return 1
+        raise verification_failed(exc) from exc
     return 0
+
+
+def verification_failed(exc: BundleError) -> ConfigError:
+    """A bundle that failed verification as one ``workbench: error:`` line (exit code 2)."""
+    return ConfigError(f"bundle verification failed: {printable(str(exc))}")
 
 
 def pull_verified(repo_id: str, revision: str, allowed: list[str]) -> hub.PulledBundle:

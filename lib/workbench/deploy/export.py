@@ -27,7 +27,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from stable_baselines3 import PPO
 from stable_baselines3.common.vec_env import VecNormalize
 
 from workbench import config
@@ -59,12 +58,16 @@ from workbench.deploy.graph import (
 )
 from workbench.deploy.latency import fp16_variant, latency_backends, measure_latency
 from workbench.envs import video
+from workbench.envs.checks import check_data_env_id
 from workbench.envs.spec import EnvSpec
-from workbench.envs.vector import make_env
+from workbench.envs.vector import make_env, make_eval_env
 from workbench.envs.video import VideoSettings
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import is_embedded, make_client, resolve_tracking_uri
-from workbench.training.model import PolicySource
+from workbench.training import checkpoint
+from workbench.training.bundle import PULL_TRUST_HINT
+from workbench.training.model import PolicySource, build_model
+from workbench.training.snapshot import set_vecnormalize_state
 
 PARITY_TOLERANCE = 1e-5  # max abs action difference allowed on CPU
 OBS_SEED_OFFSET = 30_000  # seeds apart from training (seed + r) and evaluation (seed + 10000)
@@ -311,14 +314,18 @@ def library_versions() -> dict[str, str]:
 # --------------------------------------------------------------------------- runs in MLflow
 
 
-def load_run(client: Any, run_id: str, workdir: Path) -> PolicySource:
-    """The policy of a finished run of the user's own store (model.zip, vecnormalize.pkl).
+def load_run(client: Any, run_id: str, workdir: Path,
+             allowed_modules: Sequence[str] = ()) -> PolicySource:
+    """The policy of a finished run, rebuilt from what the run wrote as data.
 
-    Both files are pickles written by our own ``train()``: loading them is safe only because
-    they come from this store. Bundles pulled from the Hub never contain pickles.
+    A run may come from a shared store (a team server, a copied store), so nothing of it is
+    unpickled: SB3's ``model/model.zip`` and ``vecnormalize.pkl`` are never read. The weights
+    and VecNormalize statistics come from the run's last checkpoint (safetensors and JSON,
+    hashes checked, shapes checked against the network, see
+    :mod:`workbench.training.checkpoint`), which training writes at its end; the network from
+    that checkpoint's ``config.yaml``, whose ``module:Id`` env is imported only when the user
+    allowed that module (``--allow-module``), as for a Hub bundle.
     """
-    from stable_baselines3.common.vec_env import DummyVecEnv
-
     run = get_run(client, run_id)
     names = {a.path for a in client.list_artifacts(run_id, "model")}
     if "model/model.zip" not in names:
@@ -326,14 +333,38 @@ def load_run(client: Any, run_id: str, workdir: Path) -> PolicySource:
             f"run {run_id}: has no model/model.zip (status {run.info.status}); export needs "
             "a run whose training finished"
         )
-    folder = Path(client.download_artifacts(run_id, "model", str(workdir)))
-    cfg = config.from_yaml((folder / "config.yaml").read_text())
-    model = PPO.load(folder / "model.zip", device="cpu")
-    vecnormalize = None
-    if (folder / "vecnormalize.pkl").exists():
-        venv = DummyVecEnv([lambda: make_env(EnvSpec.from_config(cfg))])
-        vecnormalize = VecNormalize.load(str(folder / "vecnormalize.pkl"), venv)
-        vecnormalize.training = False
+    complete = [c for c in checkpoint.stored_checkpoints(client, run_id) if c.complete]
+    if not complete:
+        raise ConfigError(
+            f"run {run_id}: has no checkpoint to export from (the workbench reads a run's "
+            "policy from the checkpoint training writes at its end, never from SB3's "
+            "pickles); train it again with this version of the workbench"
+        )
+    final = complete[-1]
+    try:
+        state, config_yaml = checkpoint.download(client, run_id, final, workdir)
+        cfg = config.from_yaml(config_yaml)
+    except (checkpoint.CorruptCheckpoint, ConfigError) as exc:
+        raise ConfigError(f"run {run_id}: checkpoint {final.path} cannot be exported from: "
+                          f"{exc}; delete that folder from the run's artifacts or train again"
+                          ) from exc
+    check_final(client, run_id, final.step)
+    check_data_env_id(cfg.env.id, allowed_modules, PULL_TRUST_HINT)
+    problem = checkpoint.misfit(state, cfg)
+    if problem:
+        raise ConfigError(f"run {run_id}: checkpoint {final.path} does not fit the run's "
+                          f"model: {problem}; delete that folder from the run's artifacts or "
+                          "train again")
+    venv = make_eval_env(EnvSpec.from_config(cfg))  # VecNormalize(training=False) if normalized
+    model = build_model(cfg, venv, device="cpu")  # export and its checks infer on the CPU
+    model.policy.load_state_dict(state["policy"])
+    model.num_timesteps = final.step
+    vecnormalize = venv if isinstance(venv, VecNormalize) else None
+    if vecnormalize is not None:
+        if state["vecnormalize"] is None:
+            raise ConfigError(f"run {run_id}: checkpoint {final.path} has no VecNormalize "
+                              "statistics, but the run's config normalizes observations")
+        set_vecnormalize_state(vecnormalize, state["vecnormalize"])
     metrics = run.data.metrics
     return PolicySource(
         model=model,
@@ -343,6 +374,19 @@ def load_run(client: Any, run_id: str, workdir: Path) -> PolicySource:
         eval_std_reward=metrics.get("summary/eval_std_reward"),
         origin=f"run {run_id}",
     )
+
+
+def check_final(client: Any, run_id: str, step: int) -> None:
+    """The checkpoint at ``step`` holds the final policy: the run's summary (logged once,
+    after training, at its last step) is of the same step."""
+    summary = client.get_metric_history(run_id, "summary/fps")
+    if summary and max(m.step for m in summary) != step:
+        last = max(m.step for m in summary)
+        raise ConfigError(
+            f"run {run_id}: its newest checkpoint is of step {step}, its trained policy of "
+            f"step {last}; export needs the checkpoint training wrote at its end (resume the "
+            "run to finish it, or train again)"
+        )
 
 
 def open_store(tracking_uri: str | None = None) -> Any:
@@ -418,8 +462,11 @@ def export_run(
     episodes: int = DEFAULT_EPISODES,
     calls: int = DEFAULT_CALLS,
     warmup: int = DEFAULT_WARMUP,
+    allowed_modules: Sequence[str] = (),
 ) -> ExportResult:
     """Export run ``run_id`` of the store, verify, and log everything to the run.
+
+    ``allowed_modules``: modules the run's ``module:Id`` env may import (see :func:`load_run`).
 
     The files are built in a temporary folder and logged in one call at the end, so a
     failure part-way leaves nothing half-written on the run.
@@ -427,7 +474,7 @@ def export_run(
     check_budget(observations, episodes, calls, warmup)
     client = open_store(tracking_uri)
     with tempfile.TemporaryDirectory(prefix="workbench-export-") as tmp:
-        source = load_run(client, run_id, Path(tmp) / "download")
+        source = load_run(client, run_id, Path(tmp) / "download", allowed_modules)
         result = export_policy(
             source, Path(tmp) / ARTIFACT_DIR, observations=observations, episodes=episodes,
             calls=calls, warmup=warmup,

@@ -108,13 +108,14 @@ def bundle_directory(text: str) -> Path:
 # --------------------------------------------------------------------------- building a bundle
 
 
-def write_bundle(client: Any, run_id: str, folder: Path, repo_id: str | None = None
-                 ) -> dict[str, Any]:
+def write_bundle(client: Any, run_id: str, folder: Path, repo_id: str | None = None,
+                 allowed_modules: Sequence[str] = ()) -> dict[str, Any]:
     """Write the bundle of run ``run_id`` into ``folder``; returns its index (bundle.json).
 
     The run must have been exported (``export/``); the ONNX graph and samples are those the
     export verified, so the Hub holds exactly what was checked. ``repo_id`` (the repository
-    it is pushed to) goes into the model card's pull command.
+    it is pushed to) goes into the model card's pull command. ``allowed_modules``: modules
+    the run's ``module:Id`` env may import (:func:`workbench.deploy.export.load_run`).
     """
     from safetensors.torch import save_file
 
@@ -125,7 +126,7 @@ def write_bundle(client: Any, run_id: str, folder: Path, repo_id: str | None = N
     for name in ("policy.onnx", "samples.npz", "export_report.json"):
         shutil.copy(exported / name, folder / name)
     replay_video = copy_replay_video(exported, folder)
-    source = export.load_run(client, run_id, work / "model-download")
+    source = export.load_run(client, run_id, work / "model-download", allowed_modules)
     state = {k: v.detach().cpu().contiguous() for k, v in source.model.policy.state_dict().items()}
     save_file(state, str(folder / "weights.safetensors"),
               metadata={"format": "pt", "policy": "stable_baselines3 ActorCriticPolicy"})
@@ -508,7 +509,8 @@ def check_can_push() -> None:
 
 
 def push(
-    run_id: str, repo_id: str, *, private: bool = True, tracking_uri: str | None = None
+    run_id: str, repo_id: str, *, private: bool = True, tracking_uri: str | None = None,
+    allowed_modules: Sequence[str] = (),
 ) -> PushResult:
     """Upload run ``run_id``'s bundle as one commit; tag the run with the commit SHA.
 
@@ -525,13 +527,14 @@ def push(
         a.path for a in client.list_artifacts(run_id, export.ARTIFACT_DIR)
     }:
         print(f"run {run_id} has no export yet: exporting and verifying first")
-        result = export.export_run(run_id, tracking_uri=tracking_uri)
+        result = export.export_run(run_id, tracking_uri=tracking_uri,
+                                   allowed_modules=allowed_modules)
         print(export.format_report(result.report))
         if not result.passed:
             raise BundleError(f"run {run_id}: export verification failed; nothing pushed")
     with tempfile.TemporaryDirectory(prefix="workbench-hub-") as tmp:
         folder = Path(tmp) / "bundle"
-        index = write_bundle(client, run_id, folder, repo_id)
+        index = write_bundle(client, run_id, folder, repo_id, allowed_modules)
         api = HfApi()
         api.create_repo(repo_id, private=private, exist_ok=True)
         files = sorted(p.name for p in folder.iterdir())

@@ -31,12 +31,13 @@ from workbench.config import VideoConfig
 from workbench.envs import opengl
 from workbench.envs.robots.rendering import (
     BACKEND_HINT,
+    NotRenderable,
     RenderingUnavailable,
     prefer_offscreen_backend,
     render_or_explain,
 )
 
-__all__ = ["RenderingUnavailable"]
+__all__ = ["NotRenderable", "RenderingUnavailable"]
 
 VIDEO_SUFFIX = ".mp4"
 PREVIEW_SUFFIX = ".gif"
@@ -223,9 +224,25 @@ def rendering_env(venv: Any) -> Any:
     envs = getattr(inner, "envs", None)
     if not envs or len(envs) != 1:
         raise RenderingUnavailable("video needs an in-process evaluation env of one copy")
-    if getattr(envs[0], "render_mode", None) != "rgb_array":
-        raise RenderingUnavailable("the evaluation env was not built with render_mode=rgb_array")
+    check_renders(envs[0])
     return envs[0]
+
+
+def check_renders(env: Any) -> None:
+    """:class:`NotRenderable` unless ``env`` renders ``rgb_array`` frames (an env whose
+    ``metadata["render_modes"]`` lacks it is built without a render mode, see
+    :func:`render_kwargs`)."""
+    if getattr(env, "render_mode", None) == "rgb_array":
+        return
+    spec = getattr(env, "spec", None)
+    name = getattr(spec, "id", None) or type(getattr(env, "unwrapped", env)).__name__
+    modes = list((getattr(getattr(env, "unwrapped", env), "metadata", None) or {})
+                 .get("render_modes") or [])
+    if "rgb_array" in modes:
+        raise NotRenderable(f"{name} was built without render_mode='rgb_array', so it gives "
+                            "no frames to record")
+    raise NotRenderable(f"{name} has no rendering (its metadata's render_modes {modes} have "
+                        "no rgb_array), so it gives no frames to record")
 
 
 def record_vec(venv: Any, policy: Policy, settings: VideoSettings) -> Recording:
@@ -256,6 +273,7 @@ def record_vec(venv: Any, policy: Policy, settings: VideoSettings) -> Recording:
 def record_episode(env: Any, policy: Policy, seed: int, settings: VideoSettings) -> Recording:
     """One seeded episode of ``policy`` in a raw gymnasium ``env`` (the export's replay)."""
     started = time.perf_counter()
+    check_renders(env)
     source = FrameSource(env, settings)
     recording = Recording(fps=frame_rate(env, settings))
     limit = settings.max_steps or math.inf

@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import socket
 import tempfile
 import time
@@ -38,6 +39,7 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from workbench.config import ConfigError
+from workbench.console import printable, strip_ansi
 from workbench.sweeps.point import (
     FAILED,
     FINISHED,
@@ -286,7 +288,7 @@ class RayExecutor:
             # OSError: the driver's own raylet is gone (it ran on the head that died).
             cancelled = isinstance(exc, ray.exceptions.TaskCancelledError | KeyboardInterrupt)
             status = KILLED if cancelled else FAILED
-            error = f"Ray task failed: {first_line(str(exc))}"
+            error = f"Ray task failed: {task_error(str(exc))}"
             client = MlflowClient(spec.tracking_uri)
             run = settle_runs(client, spec, submitted.at, error, status)
             return PointOutcome(spec.point, status, run_id=run.info.run_id if run else None,
@@ -305,6 +307,29 @@ class RayExecutor:
         import ray
 
         ray.shutdown()
+
+
+# The last line of a Python traceback: the exception's dotted type name, a colon, its message
+# (``mlflow.exceptions.MlflowException: API request ... failed with error code 401 ...``).
+EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure):\s*\S")
+ERROR_LIMIT = 500  # characters of a point's error kept for its outcome and its run's tag
+
+
+def task_error(text: str) -> str:
+    """The meaningful line of a failed Ray task's error, for a point's outcome.
+
+    Ray's message (:class:`ray.exceptions.RayTaskError`) starts with a coloured header naming
+    the task and worker (``ray::run_point() (pid=…, ip=…)``), then the remote traceback,
+    whose last exception line says what happened (a store refusing the node's login: ``…
+    error code 401 …``). That line is kept, with Ray's colour codes stripped and any other
+    control character escaped (:func:`workbench.console.printable`); Ray's own errors without
+    a traceback (a lost node, a cancelled task) keep their first line.
+    """
+    lines = [printable(line).strip() for line in strip_ansi(text).splitlines()]
+    lines = [line for line in lines if line]
+    raised = [line for line in lines if EXCEPTION_LINE.match(line)]
+    chosen = raised[-1] if raised else (lines[0] if lines else "")
+    return chosen if len(chosen) <= ERROR_LIMIT else chosen[:ERROR_LIMIT - 1] + "…"
 
 
 def wait_quietly(refs: Sequence[Any], wait_s: float) -> list[Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -393,17 +394,31 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def write_lock(ref: str, output: str | None, store_uri: Callable[[], str]) -> int:
-    """``manifest lock RUN [-o FILE]``: the run's requirements to stdout or ``output``."""
+    """``manifest lock RUN [-o FILE]``: the run's requirements to stdout or ``output``.
+
+    Exit code 1 when the manifest's ``pip_freeze`` held entries that are not ``name==version``
+    pins (the workbench records none; the store's copy was changed): they are left out of the
+    file, which is still written, and listed in one line on stderr, so that
+    ``workbench manifest lock RUN -o FILE && pip install -r FILE`` stops there.
+    """
     target = Path(output) if output else None
     if target is not None and (target.is_dir() or not target.parent.is_dir()):
         raise ConfigError(f"-o {output}: not a file in an existing folder; pass e.g. "
                           "-o requirements-run.txt")
     source = load_source(ref, store_uri)
-    text = lock_requirements(source.manifest, printable(source.label))  # one comment line
+    label = printable(source.label)
+    lock = lock_requirements(source.manifest, label)
     if target is None:
-        print(printable_lines(text), end="")
-        return 0
-    target.write_text(text)
-    pinned = sum(1 for line in text.splitlines() if line and not line.startswith(("#", "-")))
-    print(f"wrote {target}: {pinned} pinned packages for {printable(source.label)}")
+        print(lock.text, end="")
+    else:
+        target.write_text(lock.text)
+        print(f"wrote {target}: {lock.pinned} pinned packages for {label}")
+    if lock.dropped:
+        listed = ", ".join(repr(entry) for entry in lock.dropped[:5])
+        more = f" and {len(lock.dropped) - 5} more" if len(lock.dropped) > 5 else ""
+        print(f"workbench: manifest lock: left out {len(lock.dropped)} pip_freeze entries of "
+              f"{label} that are not name==version pins: {listed}{more}; the workbench "
+              "records only pins, so that manifest was changed after the run: check where "
+              "the run comes from before installing anything from it", file=sys.stderr)
+        return 1
     return 0

@@ -17,7 +17,8 @@ environment or loads a weight:
 
 A refusal is a :class:`BundleRefused` (a :class:`ConfigError`: one line, exit code 2). A file
 that does not match its hash, or a policy that does not reproduce the shipped samples, is a
-:class:`BundleError` (verification failed, exit code 1).
+:class:`BundleError` (verification failed; the CLI reports it as one ``workbench: error:``
+line, exit code 2, as a refusal).
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ REPUBLISH = "ask its publisher to push it again with `workbench hub push`"
 
 
 class BundleError(RuntimeError):
-    """A bundle that fails verification (missing or altered files, parity off); exit code 1."""
+    """A bundle that fails verification (missing or altered files, parity off); the CLI
+    reports it in one line, exit code 2 (:mod:`workbench.deploy.commands`)."""
 
 
 class BundleRefused(ConfigError):

@@ -45,9 +45,13 @@ from mlflow.tracking import MlflowClient
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import VecEnv
 
+from workbench.config import WorkbenchConfig
+from workbench.envs.spec import EnvSpec
+from workbench.envs.vector import make_env
 from workbench.tracking import runs
 from workbench.tracking.outbox import DeliveryClient
 from workbench.training.faults import Interruption
+from workbench.training.model import build_model
 from workbench.training.snapshot import capture, is_restorable
 
 FORMAT = "workbench-checkpoint/1"
@@ -228,6 +232,78 @@ def read_arrays(path: Path) -> dict[str, np.ndarray]:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
         raise CorruptCheckpoint(f"{ARRAYS_FILE} cannot be read ({exc})") from exc
+
+
+# --------------------------------------------------------------------------- fit to the model
+
+
+Shape = tuple[int, ...] | None  # None: no such array
+
+
+def shape_text(shape: Shape) -> str:
+    """``shape [6, 256]``, or ``no array``."""
+    return "no array" if shape is None else f"shape {list(shape)}"
+
+
+def misfit(state: dict[str, Any], cfg: WorkbenchConfig) -> str | None:
+    """What in ``state`` does not fit the model ``cfg`` builds (e.g. ``policy/action_net.weight
+    is shape [7, 256], the run's config needs shape [6, 256]``), or None.
+
+    Matching hashes only say the files are the ones ``state.json`` lists: a checkpoint written
+    for another network or task, or forged with its hashes recomputed, is caught here before
+    its arrays go into a model (where torch or SB3 would fail with a traceback).
+    """
+    for key, expected, found in shape_pairs(state, cfg):
+        if found != expected:
+            return f"{key} is {shape_text(found)}, the run's config needs {shape_text(expected)}"
+    return None
+
+
+def shape_pairs(state: dict[str, Any], cfg: WorkbenchConfig) -> list[tuple[str, Shape, Shape]]:
+    """``(array, shape the config gives, shape in the checkpoint)`` for every array whose
+    shape the config and the environment's spaces decide (policy weights, Adam moments,
+    PPO's last observation, VecNormalize statistics)."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    venv = DummyVecEnv([lambda: make_env(EnvSpec.from_config(cfg))])
+    try:  # a one-env copy of the network on the CPU: its parameter shapes, nothing trained
+        net = build_model(cfg, venv, device="cpu").policy
+        obs = tuple(venv.observation_space.shape or ())
+    finally:
+        venv.close()
+    weights, policy, n = net.state_dict(), as_mapping(state.get("policy")), cfg.env.num_envs
+    pairs: list[tuple[str, Shape, Shape]] = [
+        (f"policy/{name}", tuple(w.shape), shape_of(policy.get(name)))
+        for name, w in weights.items()]
+    pairs += [(f"policy/{name}", None, shape_of(policy[name]))  # a tensor the net has not
+              for name in sorted(set(policy) - set(weights), key=str)]
+    # Adam's state is keyed by the parameter's index in policy.parameters() (its one group)
+    moments = as_mapping(as_mapping(state.get("optimizer")).get("state"))
+    for index, (name, p) in enumerate(net.named_parameters()):
+        for moment in ("exp_avg", "exp_avg_sq"):
+            if index in moments:
+                found = shape_of(as_mapping(moments[index]).get(moment))
+                pairs.append((f"optimizer/{name}/{moment}", tuple(p.shape), found))
+    pairs += [("last_obs", (n, *obs), shape_of(state.get("last_obs"))),
+              ("last_episode_starts", (n,), shape_of(state.get("last_episode_starts")))]
+    norm = state.get("vecnormalize")
+    if norm is not None:
+        norm = as_mapping(norm)
+        pairs += [(f"vecnormalize/{key}", obs, shape_of(norm.get(key)))
+                  for key in ("obs_mean", "obs_var")]
+        pairs += [("vecnormalize/returns", (n,), shape_of(norm.get("returns")))]
+    return pairs
+
+
+def as_mapping(value: Any) -> dict[Any, Any]:
+    """``value`` if it is a mapping, else an empty one (its arrays then show as missing)."""
+    return value if isinstance(value, dict) else {}
+
+
+def shape_of(value: Any) -> Shape:
+    """The shape of an array or tensor; None for anything else (a missing entry)."""
+    shape = getattr(value, "shape", None)
+    return None if shape is None else tuple(int(d) for d in shape)
 
 
 # --------------------------------------------------------------------------- the store

@@ -13,6 +13,12 @@ Configuration: a resumed run keeps the configuration it was trained with (the ch
 ``resume=``: :data:`MAY_CHANGE` (``total_timesteps`` extends or shortens the budget). Every
 problem (unknown run, no or a corrupt checkpoint, a run still alive, a forbidden override,
 nothing left to train) is a :class:`ConfigError`: exit code 2 before anything starts.
+
+Trust: the store is data. A checkpoint's ``config.yaml`` whose ``env.id`` is ``module:Id``
+would make gymnasium import ``module``, so it is refused unless the command line names that
+same ``env.id`` itself (the one key outside :data:`MAY_CHANGE` that may be given, and only
+with the run's own value): the user, not the store, then chooses to import the module, as
+with a Hub bundle's (:func:`workbench.training.bundle.pull_for_init`).
 """
 
 from __future__ import annotations
@@ -31,10 +37,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from workbench import config
 from workbench.config import ConfigError, WorkbenchConfig
+from workbench.envs.checks import check_data_env_id, split_env_id
 from workbench.tracking import outbox, runs
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import is_embedded, make_client, resolve_tracking_uri
-from workbench.training.checkpoint import CorruptCheckpoint, download, stored_checkpoints
+from workbench.training.checkpoint import (
+    CorruptCheckpoint,
+    download,
+    misfit,
+    stored_checkpoints,
+)
 
 # Keys a resume may set (prefixes end at a dot boundary). Everything else must match the run.
 MAY_CHANGE = (
@@ -42,6 +54,10 @@ MAY_CHANGE = (
     "tracking.run_name", "tracking.system_metrics", "tracking.system_metrics_interval_s",
     "torch_threads", "device",
 )
+# May be given with resume= only to repeat the run's own value (to allow its module:Id).
+CONFIRMS = "env.id"
+RESUME_TRUST_HINT = ("add env.id={env_id} to the command line if you trust that module; "
+                     "it then imports as your own env.id would")
 
 
 @dataclass
@@ -80,7 +96,7 @@ def resume_config(composed: DictConfig, overrides: Sequence[str]) -> WorkbenchCo
     run_id = str(composed.resume)
     keys = override_keys(overrides)
     for key in keys:
-        if not may_change(key):
+        if not may_change(key) and key != CONFIRMS:
             raise ConfigError(
                 f"{key}: cannot be changed when resuming run {run_id} (a resumed run keeps its "
                 f"configuration); only {', '.join(k for k in MAY_CHANGE if k != 'resume')} may "
@@ -88,12 +104,30 @@ def resume_config(composed: DictConfig, overrides: Sequence[str]) -> WorkbenchCo
             )
     uri = resolve_tracking_uri(composed.tracking.uri)
     point = find(run_id, uri)
+    given = OmegaConf.select(composed, CONFIRMS) if CONFIRMS in keys else None
+    check_stored_env_id(run_id, point.config.env.id, given)
     merged = OmegaConf.create(config.to_dict(point.config))
     # The store the run was found in is where it continues (the saved URI has its password
     # masked, see workbench.tracking.manifest.scrub).
     for key in {*keys, "tracking.uri"}:
         OmegaConf.update(merged, key, OmegaConf.select(composed, key), merge=False)
     return config.validate(merged)
+
+
+def check_stored_env_id(run_id: str, stored: str, given: str | None) -> None:
+    """The checkpoint's ``env.id`` imports nothing unless ``given`` (the command line's
+    ``env.id``) repeats it; ``given`` may not change it either."""
+    if given is not None and given != stored:
+        raise ConfigError(
+            f"env.id: cannot be changed when resuming run {run_id} (a resumed run keeps its "
+            f"configuration: env.id={stored!r}); drop env.id= or start a new run"
+        )
+    module, _ = split_env_id(stored) if stored.count(":") == 1 else (None, stored)
+    try:
+        check_data_env_id(stored, [module] if module and given else [],
+                          RESUME_TRUST_HINT.format(env_id=stored))
+    except ConfigError as exc:
+        raise ConfigError(f"resume={run_id}: the checkpoint's {exc}") from exc
 
 
 def find(run_id: str, uri: str) -> ResumePoint:
@@ -190,7 +224,25 @@ def prepare(cfg: WorkbenchConfig, uri: str) -> ResumePoint:
             f"resume={cfg.resume}: the last checkpoint is at step {point.step}, which reaches "
             f"total_timesteps={cfg.total_timesteps}; raise total_timesteps to train further"
         )
+    check_fits(point, cfg)
     return point
+
+
+def check_fits(point: ResumePoint, cfg: WorkbenchConfig) -> None:
+    """The checkpoint's arrays have the shapes the run's network and environments take.
+
+    Matching hashes only say the files are the ones ``state.json`` lists, and a checkpoint
+    is data: one written for another network or task, or forged with its hashes recomputed,
+    is refused here, before the run is reopened, instead of failing inside torch once the run
+    is RUNNING (which would mark a FINISHED run FAILED).
+    """
+    problem = misfit(point.state, cfg)
+    if problem:
+        raise ConfigError(
+            f"resume={point.run_id}: checkpoint {point.artifact_path} does not fit the "
+            f"run's model: {problem}; delete that folder from the run's artifacts to resume "
+            "from the one before, or start a new run"
+        )
 
 
 def reopen(client: MlflowClient, point: ResumePoint) -> dict[str, int]:

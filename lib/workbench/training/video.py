@@ -49,7 +49,8 @@ class RecordedVideo:
 
 
 class VideoRecorder:
-    """Records and logs the run's videos; remembers a missing OpenGL backend after one try."""
+    """Records and logs the run's videos; remembers after one try that none can be made (no
+    OpenGL backend, or an env without rendering)."""
 
     def __init__(self, cfg: VideoConfig, client: Any, run_id: str) -> None:
         self.settings = VideoSettings.from_config(cfg)
@@ -57,11 +58,13 @@ class VideoRecorder:
         self.run_id = run_id
         self.seconds = 0.0
         self.unavailable: str | None = None  # why no video can be made on this machine
+        self.reason = ""  # that in one phrase, for the summary (no OpenGL, no rendering)
         self.final: RecordedVideo | None = None
 
     def record(self, model: Any, train_env: VecEnv, eval_env: VecEnv, stem: str
                ) -> RecordedVideo | None:
-        """Record ``stem``.mp4/.gif and log them; None (after one warning) without OpenGL."""
+        """Record ``stem``.mp4/.gif and log them; None (after one warning) when no video can
+        be made."""
         if self.unavailable is not None:
             return None
         started = time.perf_counter()
@@ -70,7 +73,7 @@ class VideoRecorder:
             recording = record_vec(
                 eval_env, lambda obs: model.predict(obs, deterministic=True)[0], self.settings)
         except RenderingUnavailable as exc:
-            self.unavailable = str(exc)
+            self.unavailable, self.reason = str(exc), exc.reason
             print(f"workbench: warning: no video: {exc}; the run goes on without video",
                   file=sys.stderr, flush=True)
             return None
@@ -96,7 +99,7 @@ class VideoRecorder:
     def summary(self, wall_s: float) -> str:
         """The console summary's ``video`` row."""
         if self.unavailable is not None:
-            return "none (no OpenGL backend, see the warning above)"
+            return f"none ({self.reason}, see the warning above)"
         if self.final is None:
             return f"none at the end; rendering took {self.seconds:.1f} s"
         v = self.final

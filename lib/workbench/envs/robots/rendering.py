@@ -28,6 +28,15 @@ BACKEND_HINT = (
 class RenderingUnavailable(RuntimeError):
     """No OpenGL context could be created for rendering."""
 
+    reason = "no OpenGL backend"  # what a run's summary says in one phrase
+
+
+class NotRenderable(RenderingUnavailable):
+    """The environment renders no frames (no ``rgb_array`` render mode), whatever OpenGL
+    could do: no backend or driver would give it a video."""
+
+    reason = "the env has no rendering"
+
 
 def prefer_offscreen_backend() -> None:
     """Choose ``MUJOCO_GL`` on a machine without a display, unless the user chose: ``egl``,
