@@ -228,7 +228,7 @@ def test_lock_writes_only_pins_and_escapes_every_other_stored_value(
         "--extra-index-url https://download.pytorch.org/whl/cpu", "numpy==2.1.0",
         "torch==2.13.0+cpu"]
     assert "evil.example" not in "".join(live_lines(text)) and "\x1b" not in text
-    assert "# python 3.11.9\\x0a-r /etc/passwd (CPython\\x0d)" in text
+    assert "# python 3.11.9\\n-r /etc/passwd (CPython\\r\\x1b[2J)" in text
     captured = capsys.readouterr()
     assert captured.out == f"wrote {out}: 2 pinned packages for {source}\n"
     err = captured.err
@@ -236,7 +236,7 @@ def test_lock_writes_only_pins_and_escapes_every_other_stored_value(
     assert err.startswith(f"workbench: manifest lock: left out 7 pip_freeze entries of {source} "
                           "that are not name==version pins: '--index-url https://evil.example"
                           "/simple', '-e git+https://evil.example/x#egg=x', "), err
-    assert "'evil==1.0\\\\x0a-r /etc/shadow'" not in err and "and 2 more" in err, err
+    assert "'evil==1.0\\\\n-r /etc/shadow'" not in err and "and 2 more" in err, err
 
 
 # --------------------------------------------------------------------------- Hub bundles
