@@ -3,6 +3,7 @@ training seconds and time to target, the knee of a num_envs scaling ladder."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -149,6 +150,37 @@ def test_knee_where_doubling_stops_buying_ten_percent() -> None:
     # A 9 % gain is below the 10 % bar; 10 % itself still pays.
     assert scaling.find_knee(ladder([1000, 1090, 1200])).num_envs == 2
     assert scaling.find_knee(ladder([1000, 1100, 1210])).num_envs is None
+
+
+def test_a_dip_within_the_iterations_spread_is_no_clear_knee() -> None:
+    """A noisy machine: 506, 929, 714, 867 steps/s. When the iterations of the rungs spread
+    over more than the dip, there is no clear knee, and the report says why; with a tight
+    spread the same dip is a knee."""
+    def noisy(fps: list[float], spread: float) -> list[scaling.Rung]:
+        return [dataclasses.replace(r, fps_low=r.fps * (1 - spread), fps_high=r.fps * (1 + spread))
+                for r in ladder(fps)]
+
+    unclear = scaling.find_knee(noisy([506, 929, 714, 867], spread=0.25))
+    assert (unclear.num_envs, unclear.by) == (None, "unclear")
+    assert unclear.reason.startswith("no clear knee: num_envs 4 → 8: throughput 929 → 714 "
+                                     "steps/s (-23% per doubling, below 10%), but the "
+                                     "iterations' spread (697–1161 and 536–892 steps/s)")
+    assert "rerun the ladder on a quiet machine" in unclear.reason
+    assert scaling.find_knee(noisy([506, 929, 714, 867], spread=0.02)).num_envs == 4
+    assert scaling.find_knee(ladder([506, 929, 714, 867])).num_envs == 4  # spread unknown
+
+
+def test_the_spread_is_the_iterations_quartiles_around_the_rungs_fps() -> None:
+    timings = {"summary/fps": Series.of([1], [1000.0]),
+               "time/rollout_s": Series.of([1, 2, 3, 4, 5], [9.0, 0.1, 0.1, 0.3, 0.1]),
+               "time/update_s": Series.of([1, 2, 3, 4, 5], [0.1, 0.1, 0.1, 0.1, 0.1])}
+    low, high = scaling.iteration_spread([timings])  # speeds 5, 5, 2.5, 5: first left out
+    assert (low, high) == pytest.approx((4.375 / 5, 1.0))
+    measured = scaling.rung(4, 1024, [timings])
+    assert (measured.fps_low, measured.fps_high) == pytest.approx((875.0, 1000.0))
+    assert measured.spread_text() == "875–1000"
+    assert scaling.iteration_spread([{"summary/fps": Series.of([1], [1.0])}]) == (
+        pytest.approx(float("nan"), nan_ok=True), pytest.approx(float("nan"), nan_ok=True))
 
 
 def test_knee_by_memory_budget_before_throughput() -> None:

@@ -201,6 +201,7 @@ def scaling_blocks(report: Report) -> list[Block]:
         mark = f"Knee at num_envs={knee.num_envs}" if knee.num_envs is not None else "No knee"
         blocks += [Block("h3", title), Block("p", f"{mark}: {knee.reason}."),
                    Block("table", headers=("num_envs", "n_steps", "seeds", "fps (steps/s)",
+                                           "spread (iterations)",
                                            "gain per doubling", "rollout s/iter",
                                            "update s/iter", "peak memory (MiB)", "GPU util",
                                            "GPU memory (MB)"),
@@ -215,7 +216,8 @@ def ladder_rows(ladder: Ladder) -> tuple[tuple[str, ...], ...]:
     gains = ("–", *(fmt(g * 100, "+.0f", "%") for g in ladder.knee.gains))
     return tuple(
         (f"{r.num_envs} (knee)" if r.num_envs == ladder.knee.num_envs else str(r.num_envs),
-         str(r.n_steps), str(r.runs), fmt(r.fps, ".0f"), gain, fmt(r.rollout_s, ".3f"),
+         str(r.n_steps), str(r.runs), fmt(r.fps, ".0f"), r.spread_text() or "–", gain,
+         fmt(r.rollout_s, ".3f"),
          fmt(r.update_s, ".3f"), fmt(r.peak_memory_mb, ".0f"),
          fmt(r.gpu_percent, ".0f", "%") if r.gpu_percent is not None else "not logged",
          fmt(r.gpu_memory_mb, ".0f") if r.gpu_memory_mb is not None else "not logged")

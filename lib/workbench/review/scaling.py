@@ -41,6 +41,16 @@ class Rung:
     peak_memory_mb: float  # the training process tree's peak (PSS)
     gpu_percent: float | None  # mean GPU utilization; None: not logged
     gpu_memory_mb: float | None  # peak GPU memory in use; None: not logged
+    # The spread of throughput over the rung's iterations (the first left out): the quartiles
+    # of samples per second of each iteration, scaled to ``fps``; NaN: too few iterations.
+    fps_low: float = math.nan
+    fps_high: float = math.nan
+
+    def spread_text(self) -> str:
+        """``900–950`` (steps/s), or "" when the spread is unknown."""
+        if not (math.isfinite(self.fps_low) and math.isfinite(self.fps_high)):
+            return ""
+        return f"{self.fps_low:.0f}–{self.fps_high:.0f}"
 
 
 @dataclass(frozen=True)
@@ -50,7 +60,7 @@ class Knee:
     num_envs: int | None  # the rung to use; None: none (no knee in the ladder, or over budget)
     reason: str  # in words, with the numbers
     gains: tuple[float, ...]  # throughput gain per doubling between consecutive rungs
-    by: str  # "throughput" | "memory" | "none"
+    by: str  # "throughput" | "memory" | "none" | "unclear" (a dip within the noise)
 
 
 @dataclass(frozen=True)
@@ -84,10 +94,31 @@ def rung(num_envs: int, n_steps: int, runs: Sequence[Mapping[str, Series]]) -> R
     gpu = [float(np.nanmean(s.values)) for m in runs for k, s in m.items()
            if GPU_KEY.match(k) and len(s) and np.isfinite(s.values).any()]
     memory = peak(("summary/peak_rss_mb", PROCESS_MEMORY_KEY))
-    return Rung(num_envs, n_steps, len(runs), final("summary/fps"),
+    fps = final("summary/fps")
+    low, high = iteration_spread(runs)
+    return Rung(num_envs, n_steps, len(runs), fps,
                 per_iteration("time/rollout_s"), per_iteration("time/update_s"),
                 memory if memory is not None else math.nan,
-                float(np.mean(gpu)) if gpu else None, peak((GPU_MEMORY_KEY,)))
+                float(np.mean(gpu)) if gpu else None, peak((GPU_MEMORY_KEY,)),
+                fps * low, fps * high)
+
+
+def iteration_spread(runs: Sequence[Mapping[str, Series]]) -> tuple[float, float]:
+    """The lower and upper quartile of the iterations' speeds (1 / (rollout + update
+    seconds), the first iteration left out), relative to their median; NaN with fewer than
+    three iterations. The same machine load that makes one rung look slow shows here."""
+    speeds: list[float] = []
+    for m in runs:
+        if "time/rollout_s" not in m or "time/update_s" not in m:
+            continue
+        rollout, update = m["time/rollout_s"].values, m["time/update_s"].values
+        count = min(len(rollout), len(update))
+        seconds = rollout[1:count] + update[1:count]
+        speeds += [1.0 / t for t in seconds if math.isfinite(t) and t > 0]
+    if len(speeds) < 3:
+        return math.nan, math.nan
+    low, median, high = np.percentile(speeds, [25, 50, 75])
+    return float(low / median), float(high / median)
 
 
 def doubling_gains(rungs: Sequence[Rung]) -> tuple[float, ...]:
@@ -123,9 +154,15 @@ def find_knee(rungs: Sequence[Rung], *, min_gain: float = MIN_GAIN,
                     f"{rungs[over - 1].num_envs}", gains, "memory")
     if slow is not None:
         small, large = rungs[slow], rungs[slow + 1]
-        text = (f"num_envs {small.num_envs} → {large.num_envs}: throughput {small.fps:.0f} → "
+        step = (f"num_envs {small.num_envs} → {large.num_envs}: throughput {small.fps:.0f} → "
                 f"{large.fps:.0f} steps/s ({gains[slow]:+.0%} per doubling, below "
-                f"{min_gain:.0%}): stay at num_envs={small.num_envs}")
+                f"{min_gain:.0%})")
+        if within_spread(small, large, min_gain):
+            return Knee(None, f"no clear knee: {step}, but the iterations' spread "
+                        f"({small.spread_text()} and {large.spread_text()} steps/s) covers a "
+                        f"gain of {min_gain:.0%}; rerun the ladder on a quiet machine, or "
+                        "with more iterations per rung", gains, "unclear")
+        text = f"{step}: stay at num_envs={small.num_envs}"
         # A later rung well above the knee's throughput: the flat step was noise (other load
         # on the machine) or a change of regime (e.g. another vec-env backend); say so.
         faster = [r for r in rungs[slow + 2:] if r.fps >= small.fps * (1 + min_gain)]
@@ -136,6 +173,15 @@ def find_knee(rungs: Sequence[Rung], *, min_gain: float = MIN_GAIN,
     last = rungs[-1].num_envs if rungs else 0
     return Knee(None, f"no knee up to num_envs={last}: every doubling bought {min_gain:.0%} "
                 f"or more throughput; extend the ladder", gains, "none")
+
+
+def within_spread(small: Rung, large: Rung, min_gain: float) -> bool:
+    """True when the rungs' spreads leave a gain of ``min_gain`` per doubling possible: the
+    large rung's upper quartile reaches the small one's lower quartile times that gain."""
+    if not (math.isfinite(small.fps_low) and math.isfinite(large.fps_high)):
+        return False  # no spread known: the means are all there is
+    doublings = math.log2(large.num_envs / small.num_envs)
+    return large.fps_high >= small.fps_low * (1 + min_gain) ** doublings
 
 
 @dataclass(frozen=True)
@@ -184,6 +230,11 @@ def ladder_figure(ladder: Ladder) -> Figure:
     with matplotlib.rc_context(figures.STYLE):
         fps = np.array([r.fps for r in ladder.rungs])
         axes[0].plot(x, fps, marker="o", color="#1f77b4", label="throughput")
+        spread = np.array([[r.fps - r.fps_low, r.fps_high - r.fps] for r in ladder.rungs]).T
+        if np.isfinite(spread).all():
+            axes[0].errorbar(x, fps, yerr=spread, fmt="none", ecolor="#1f77b4", capsize=5,
+                             label="iterations' spread (quartiles)")
+            axes[0].legend(loc="lower right", fontsize=12)
         for i, gain in enumerate(ladder.knee.gains):
             if math.isfinite(gain):
                 middle = ((x[i] * x[i + 1]) ** 0.5, (fps[i] + fps[i + 1]) / 2)
