@@ -273,6 +273,7 @@ def test_papermill_execution_logs_a_complete_run(store: Path, tmp_path: Path) ->
     summary = outputs["summary"]
     assert summary[0].text == f"MLflow run id: {run.info.run_id}\n"
     assert run.info.run_id in summary[1].data["text/html"]
+    assert "artifacts/checkpoints/step-000000000384/" in summary[1].data["text/html"]  # saved
     # The run's video plays inline, embedded in the executed notebook (debug=tiny: 96x64).
     (shown,) = [o for o in outputs["video"] if o.output_type == "execute_result"]
     assert [o.output_type for o in outputs["video"]] == ["execute_result"]  # no progress bar

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import getpass
 import os
 import subprocess
@@ -10,13 +11,20 @@ import time
 from pathlib import Path
 
 import gymnasium
+import papermill
 import psutil
 import pytest
 from mlflow.tracking import MlflowClient
+from workbench.notebook import check_parameters
 from workbench.training import load_config, train
-from workbench.training.describe import run_source_tags, untested_defaults_note
+from workbench.training.describe import (
+    checkpoint_plan,
+    run_source_tags,
+    untested_defaults_note,
+)
+from workbench.training.trainer import TrainResult, summary_rows
 
-from .conftest import TINY, run_cli
+from .conftest import ROOT, TINY, run_cli
 
 ITERATION_KEYS = [
     "rollout/ep_rew_mean", "rollout/ep_len_mean", "train/entropy_loss", "train/approx_kl",
@@ -36,10 +44,41 @@ def test_the_header_says_when_the_shipped_defaults_are_untested_on_a_task() -> N
     assert untested_defaults_note(load_config(["env=halfcheetah"])) is None
     assert untested_defaults_note(load_config(["experiment=zoo_walker2d"])) is None  # a preset
     assert untested_defaults_note(load_config(["env=walker2d"])) == (
-        "the shipped defaults are untested on walker2d (measured on halfcheetah and hopper "
-        "only, docs/benchmarks.md); rl-baselines3-zoo's tuned values: experiment=zoo_walker2d")
+        "the shipped defaults are untested on walker2d (measured on halfcheetah, hopper and "
+        "inverted_pendulum only, docs/benchmarks.md); rl-baselines3-zoo's tuned values: "
+        "experiment=zoo_walker2d")
     duck = untested_defaults_note(load_config(["env=duck"]))
     assert duck is not None and "experiment=" not in duck  # no zoo preset to point at
+
+
+def test_the_notebooks_first_run_is_a_measured_configuration() -> None:
+    """What notebooks/train.ipynb runs before anything is changed (its parameters' defaults,
+    as papermill reads them) is a configuration docs/benchmarks.md measured: no header note."""
+    defaults = {name: ast.literal_eval(p["default"]) for name, p in
+                papermill.inspect_notebook(str(ROOT / "notebooks" / "train.ipynb")).items()}
+    params = check_parameters(defaults, ["", "params = notebook.check_parameters(globals(), In)"])
+    assert untested_defaults_note(load_config(params.config_overrides())) is None
+
+
+@pytest.mark.unit
+def test_the_run_says_where_its_model_and_checkpoints_are_saved() -> None:
+    """The header says when checkpoints are written and where; the summary names the model's
+    folder and the newest checkpoint, each with the command that uses it."""
+    assert checkpoint_plan(load_config(["checkpoint.every_steps=10000"])) == (
+        "every 10000 steps, at the end and on a stop -> artifacts/checkpoints/step-<N>/ "
+        "(newest 3 kept)")
+    assert checkpoint_plan(load_config(["checkpoint.every_steps=0", "checkpoint.keep_last=0"])
+                           ) == "at the end and on a stop -> artifacts/checkpoints/step-<N>/ " \
+        "(all kept)"
+    result = TrainResult(run_id="r1", run_name="n", experiment_id="1", tracking_uri="sqlite://",
+                         status="FINISHED", num_timesteps=384, eval_mean_reward=1.0,
+                         eval_std_reward=0.0, fps=1.0, wall_time_s=1.0, peak_rss_mb=1.0,
+                         artifact_uri="file:///a", checkpoint="checkpoints/step-000000000384")
+    rows = dict(summary_rows(result))
+    assert rows["model"].startswith("artifacts/model/ (model.zip")
+    assert "workbench export --run r1" in rows["model"]
+    assert rows["checkpoint"] == ("artifacts/checkpoints/step-000000000384/ (workbench train "
+                                  "resume=r1 total_timesteps=<more> continues it)")
 
 
 @pytest.mark.unit

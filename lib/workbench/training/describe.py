@@ -17,10 +17,11 @@ from workbench.envs.calibration import VecEnvChoice
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import source_tags
 
-# Tasks whose shipped defaults were measured side by side with rl-baselines3-zoo's tuned PPO
-# (docs/benchmarks.md): the `ppo` defaults were chosen on HalfCheetah, Hopper has
-# conf/tuning/ppo_hopper.yaml. Every other task runs them untested, and the header says so.
-MEASURED_TASKS = ("halfcheetah", "hopper")
+# Tasks whose shipped defaults were measured (docs/benchmarks.md): side by side with
+# rl-baselines3-zoo's tuned PPO on HalfCheetah (where the `ppo` defaults were chosen) and Hopper
+# (which has conf/tuning/ppo_hopper.yaml); on InvertedPendulum as notebooks/train.ipynb runs
+# them by default. Every other task runs them untested, and the header says so.
+MEASURED_TASKS = ("halfcheetah", "hopper", "inverted_pendulum")
 
 
 def untested_defaults_note(cfg: WorkbenchConfig) -> str | None:
@@ -29,11 +30,20 @@ def untested_defaults_note(cfg: WorkbenchConfig) -> str | None:
     if cfg.experiment_name or cfg.env.name in MEASURED_TASKS:
         return None
     note = (f"the shipped defaults are untested on {cfg.env.name} (measured on "
-            f"{' and '.join(MEASURED_TASKS)} only, docs/benchmarks.md)")
+            f"{', '.join(MEASURED_TASKS[:-1])} and {MEASURED_TASKS[-1]} only, "
+            "docs/benchmarks.md)")
     zoo = f"zoo_{cfg.env.name}"
     if (paths.project_root() / "conf" / "experiment" / f"{zoo}.yaml").is_file():
         note += f"; rl-baselines3-zoo's tuned values: experiment={zoo}"
     return note
+
+
+def checkpoint_plan(cfg: WorkbenchConfig) -> str:
+    """When checkpoints are written and how many are kept, under the run's artifacts."""
+    every = cfg.checkpoint.every_steps
+    when = f"every {every} steps, at the end" if every else "at the end"
+    kept = f"newest {cfg.checkpoint.keep_last} kept" if cfg.checkpoint.keep_last else "all kept"
+    return f"{when} and on a stop -> artifacts/checkpoints/step-<N>/ ({kept})"
 
 
 def default_run_name(cfg: WorkbenchConfig) -> str:
@@ -122,5 +132,6 @@ def header_lines(
         "tracking": f"{redact_uri(uri)}  experiment {cfg.tracking.experiment!r}",
         "run": f"{run_name}  ({run_id})",
         **({"artifacts": redact_uri(artifact_uri)} if artifact_uri else {}),
+        "checkpoints": checkpoint_plan(cfg),
         **({"note": note} if (note := untested_defaults_note(cfg)) else {}),
     }

@@ -60,6 +60,7 @@ class TrainResult:
     video: str | None = None  # artifact path of the final video (video/replay.mp4), if any
     video_seconds: float = 0.0  # what recording videos added to the run
     video_line: str = ""  # the summary's video row
+    checkpoint: str | None = None  # artifact path of the newest checkpoint, to resume from
 
 
 def train(
@@ -120,6 +121,7 @@ def train(
         video=recorder.final.artifact if recorder and recorder.final else None,
         video_seconds=recorder.seconds if recorder else 0.0,
         video_line=recorder.summary(wall) if recorder else "off (video.enabled=false)",
+        checkpoint=recovery.last_saved,
     )
     print_result(result)
     return result
@@ -192,6 +194,11 @@ def summary_rows(result: TrainResult) -> list[tuple[str, object]]:
         ("peak memory", f"{result.peak_rss_mb:.0f} MiB (PSS of the process tree)"),
         *([("video", result.video_line)] if result.video_line else []),
         ("artifacts", redact_uri(result.artifact_uri)),
+        ("model", "artifacts/model/ (model.zip, config.yaml; workbench export --run "
+                  f"{result.run_id} for ONNX)"),
+        *([("checkpoint", f"artifacts/{result.checkpoint}/ (workbench train "
+                          f"resume={result.run_id} total_timesteps=<more> continues it)")]
+          if result.checkpoint else []),
         ("tracking", redact_uri(result.tracking_uri)),
     ]
 
