@@ -267,6 +267,7 @@ def test_a_small_rollout_sweep_trains_with_the_points_own_minibatch(store: Path)
                    env=CORES_2, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "will fail" not in proc.stdout
+    assert "\r" not in proc.stderr  # a log gets progress lines, not a redrawn bar
     (run,) = runs_of("child")
     assert (run.info.status, run.data.params["algo.batch_size"]) == ("FINISHED", "32")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import getpass
+import io
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import papermill
 import psutil
 import pytest
 from mlflow.tracking import MlflowClient
+from workbench import console
 from workbench.notebook import check_parameters
 from workbench.training import load_config, train
 from workbench.training.describe import (
@@ -79,6 +81,33 @@ def test_the_run_says_where_its_model_and_checkpoints_are_saved() -> None:
     assert "workbench export --run r1" in rows["model"]
     assert rows["checkpoint"] == ("artifacts/checkpoints/step-000000000384/ (workbench train "
                                   "resume=r1 total_timesteps=<more> continues it)")
+
+
+@pytest.mark.unit
+def test_progress_to_a_log_is_a_line_now_and_then_not_a_redrawn_bar() -> None:
+    """Output redirected (a log file, CI): no carriage-return refreshes, a line every minute
+    and one at the end; on a terminal the live tqdm bar."""
+    log = io.StringIO()
+    bar = console.progress(4096, "training", "step", file=log)
+    assert isinstance(bar, console.ProgressLines)
+    for _ in range(4096):
+        bar.update(1)  # thousands of updates within the minute: nothing printed yet
+    assert log.getvalue() == ""
+    bar.every_s = 0.0
+    bar.update(0)
+    bar.write("it 1/2 | ...")
+    bar.close()
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and len(lines) == 3
+    assert lines[0].startswith("training: 4096/4096 steps (100%), 0m")
+    assert lines[1] == "it 1/2 | ..."
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert not isinstance(console.progress(10, "x", "step", file=Terminal()),
+                          console.ProgressLines)
 
 
 @pytest.mark.unit

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import math
 import re
+import sys
+import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import IO, Any
 
 # ECMA-48 escape sequences a terminal acts on: CSI (colours, cursor moves: ESC [ ... final
 # byte), OSC (window titles, hyperlinks: ESC ] ... BEL or ESC \\) and the other two-byte
@@ -79,3 +81,60 @@ def print_table(rows: Sequence[tuple[str, Any]], title: str) -> None:
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
     print("=" * 72, flush=True)
+
+
+# With output redirected (a log file, CI, nohup) a progress bar is one line every this many
+# seconds: a bar's carriage-return refreshes would add thousands of lines an hour to the log.
+LOG_PROGRESS_EVERY_S = 60.0
+
+
+def interactive(stream: IO[str]) -> bool:
+    """True for a terminal or a Jupyter kernel's stream, where a live bar redraws in place."""
+    if "ipykernel" in sys.modules:
+        return True
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+class ProgressLines:
+    """A progress bar for a log: ``desc: 3/8 points (37%), 2m10s`` every ``every_s`` seconds
+    and when it closes; ``write`` prints a line (tqdm's interface, as the callers use it)."""
+
+    def __init__(self, total: int | None, desc: str, unit: str, file: IO[str],
+                 every_s: float = LOG_PROGRESS_EVERY_S) -> None:
+        self.total, self.desc, self.unit, self.file = total, desc, unit, file
+        self.every_s = every_s
+        self.n = 0
+        self.started = self.shown_at = time.monotonic()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.monotonic() - self.shown_at >= self.every_s:
+            self.show()
+
+    def write(self, text: str, file: IO[str] | None = None) -> None:
+        print(text, file=file or self.file, flush=True)
+
+    def show(self) -> None:
+        self.shown_at = time.monotonic()
+        elapsed = int(self.shown_at - self.started)
+        share = f" ({self.n / self.total:.0%})" if self.total else ""
+        done = f"{self.n}/{self.total}" if self.total is not None else str(self.n)
+        print(f"{self.desc}: {done} {self.unit}s{share}, {elapsed // 60}m{elapsed % 60:02d}s",
+              file=self.file, flush=True)
+
+    def close(self) -> None:
+        self.show()
+
+
+def progress(total: int | None, desc: str, unit: str, file: IO[str] | None = None,
+             leave: bool = True) -> Any:
+    """A live tqdm bar on a terminal or in Jupyter; :class:`ProgressLines` otherwise."""
+    stream = file or sys.stderr
+    if not interactive(stream):
+        return ProgressLines(total, desc, unit, stream)
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc or None, unit=unit, dynamic_ncols=True, file=stream,
+                leave=leave)
+

@@ -39,6 +39,7 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
+from workbench import console
 from workbench.sweeps.executors import Executor, make_executor
 from workbench.sweeps.plan import SweepPlan, plan_sweep
 from workbench.sweeps.point import (
@@ -185,10 +186,7 @@ def finish_parent(client: MlflowClient, parent_id: str, outcomes: Sequence[Point
 @contextlib.contextmanager
 def progress_bar(total: int, sweep_id: str) -> Any:
     """A tqdm bar over points; yields a reporter that prints one line per finished point."""
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, desc=f"sweep {sweep_id}", unit="point", dynamic_ncols=True,
-               file=sys.stderr)
+    bar = console.progress(total, f"sweep {sweep_id}", "point")
 
     def report(outcome: PointOutcome) -> None:
         bar.update(1)

@@ -13,6 +13,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import KVWriter
 from tqdm.auto import tqdm
 
+from workbench import console
 from workbench.console import format_value
 from workbench.tracking.writer import LATE_PREFIXES
 
@@ -75,7 +76,8 @@ class ConsoleWriter(KVWriter):
 
 
 class ProgressBarCallback(BaseCallback):
-    """A tqdm bar over environment steps (works in a terminal and in JupyterLab)."""
+    """A tqdm bar over environment steps in a terminal or JupyterLab; with output redirected,
+    a line every minute (:func:`workbench.console.progress`)."""
 
     def __init__(self, total: int) -> None:
         super().__init__()
@@ -84,7 +86,7 @@ class ProgressBarCallback(BaseCallback):
         self.shown = 0
 
     def _on_training_start(self) -> None:
-        self.bar = tqdm(total=self.total, unit="step", dynamic_ncols=True, leave=False)
+        self.bar = console.progress(self.total, "training", "step", leave=False)
 
     def _on_step(self) -> bool:
         self.bar.update(self.num_timesteps - self.shown)

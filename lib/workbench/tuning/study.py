@@ -31,6 +31,7 @@ from typing import Any
 
 from mlflow.tracking import MlflowClient
 
+from workbench import console
 from workbench.config import ConfigError
 from workbench.config.compose import hydra_value
 from workbench.sweeps.point import (
@@ -504,9 +505,7 @@ def trial_row(trial: Any) -> dict[str, Any]:
 @contextlib.contextmanager
 def progress_bar(plan: TunePlan) -> Any:
     """A tqdm bar over this invocation's trials; one line per settled trial."""
-    from tqdm import tqdm
-
-    bar = tqdm(desc=f"study {plan.study}", unit="trial", dynamic_ncols=True, file=sys.stderr)
+    bar = console.progress(None, f"study {plan.study}", "trial")
 
     def report(record: TrialRecord) -> None:
         bar.update(1)
