@@ -46,7 +46,12 @@ from workbench.tracking.journal import (
 from workbench.tracking.outbox import HEARTBEAT_TAG, short_error
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.rejection import CannotRecreate, LoginRefused, Verdict
-from workbench.tracking.store import check_store, resolve_tracking_uri
+from workbench.tracking.store import (
+    check_store,
+    is_embedded,
+    resolve_tracking_uri,
+    server_problem,
+)
 
 __all__ = ["REAPED_TAG", "LoginRefused"]
 
@@ -201,16 +206,36 @@ def sync_outboxes(tracking_uri: str | None = None, run_id: str | None = None
 
 def iter_sync(tracking_uri: str | None = None, run_id: str | None = None
               ) -> Iterator[SyncResult]:
-    """:func:`sync_outboxes`, one result as each outbox is done."""
+    """:func:`sync_outboxes`, one result as each outbox is done.
+
+    An embedded store must be an intact MLflow database (another application's file is
+    refused, untouched: :func:`check_store`). A tracking server is asked once, with one
+    short ``/health`` request, before the first outbox: when it does not answer, every
+    outbox is reported pending at once instead of after MLflow's minutes of retries per
+    request, and MLflow's own retries are shortened for the sync (``FAST_FAIL_HTTP``) in
+    case the server goes away midway.
+    """
     uri = tracking_uri or resolve_tracking_uri(None)
+    if is_embedded(uri):
+        check_store(uri)
     client: MlflowClient | None = None
-    for folder in outbox.outboxes(run_id):
-        recorded = outbox.recorded_uri(folder)
-        if recorded is not None and recorded != redact_uri(uri):
-            yield SyncResult(folder.name, 0, -1, f"recorded for store {recorded}; skipped")
-            continue
-        client = client or MlflowClient(tracking_uri=uri)
-        yield sync_outbox(client, folder)
+    unreachable: str | None = None
+    with outbox.fast_fail_http():
+        for folder in outbox.outboxes(run_id):
+            recorded = outbox.recorded_uri(folder)
+            if recorded is not None and recorded != redact_uri(uri):
+                yield SyncResult(folder.name, 0, -1, f"recorded for store {recorded}; skipped")
+                continue
+            if client is None:
+                unreachable = server_problem(uri)
+                client = MlflowClient(tracking_uri=uri)
+            left = len(Journal(folder).pending()) if unreachable is not None else 0
+            if left:
+                yield SyncResult(folder.name, 0, left, (
+                    f"tracking store {redact_uri(uri)} not reachable ({unreachable}); the "
+                    "writes are kept: rerun `workbench runs sync` once it answers"))
+                continue
+            yield sync_outbox(client, folder)
 
 
 # --------------------------------------------------------------------------- one outbox

@@ -1,0 +1,118 @@
+"""Hostile values that used to hang, corrupt or lie: each answers in one line, at once.
+
+- ``workbench runs sync`` against a tracking server that does not answer (nothing listens,
+  or a socket that accepts and never replies) says ``pending`` within seconds, not after
+  MLflow's four minutes of retries.
+- Every command that opens a store refuses another application's SQLite file in one line
+  (exit 2) and leaves its bytes as they were.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import socket
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from workbench import cli
+from workbench.tracking import journal
+from workbench.tracking.redaction import redact_uri
+
+RUN_ID = "0123456789abcdef0123456789abcdef"
+
+
+def write_outbox(experiments: Path, uri: str) -> Path:
+    """An outbox holding one metric batch not yet delivered to the store at ``uri``."""
+    folder = experiments / "outbox" / RUN_ID
+    folder.mkdir(parents=True)
+    record = journal.encode_batch([], [], [])
+    record.update(seq=1, metrics=[["loss", 1.0, 1_700_000_000_000, 64]])
+    journal.Journal(folder).append(record)
+    journal.write_info(folder, {"tracking_uri": redact_uri(uri), "run_id": RUN_ID})
+    return folder
+
+
+@contextlib.contextmanager
+def dead_server(kind: str) -> Iterator[str]:
+    """A tracking server URL that never answers: a closed port, or a socket that accepts
+    connections (the kernel's backlog) and never replies."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        if kind == "silent":
+            sock.listen(8)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("kind", ["closed", "silent"])
+def test_sync_to_a_dead_server_says_pending_within_seconds(
+    kind: str, store: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with dead_server(kind) as url:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+        folder = write_outbox(store, url)
+        started = time.monotonic()
+        code = cli.main(["runs", "sync"])
+        took = time.monotonic() - started
+    out = capsys.readouterr().out
+    print(f"runs sync against a {kind} server: {took:.1f} s")
+    assert code == 1
+    assert f"pending {RUN_ID}: 0 write(s) delivered" in out
+    assert "not reachable" in out
+    assert len(journal.Journal(folder).pending()) == 1  # kept for the next sync
+    assert took < 30
+
+
+# --------------------------------------------------------------------------- foreign SQLite
+
+
+def foreign_database(path: Path) -> str:
+    """Another application's SQLite database (one table, one row); its SHA-256."""
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE customers (id INTEGER, name TEXT)")
+        db.execute("INSERT INTO customers VALUES (1, 'alice')")
+        db.commit()
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+COMMANDS = {
+    "train": ["train", "debug=tiny"],
+    "sweep": ["sweep", "debug=tiny"],
+    "tune": ["tune", "debug=tiny", "search=tiny"],
+    "ui": ["ui", "--port", "1"],
+    "export": ["export", "--run", RUN_ID],
+    "runs sync": ["runs", "sync"],
+    "runs reap": ["runs", "reap"],
+    "report": ["report"],
+    "manifest diff": ["manifest", "diff", RUN_ID, RUN_ID],
+    "runs copy --from": ["runs", "copy", "--from", "FOREIGN", "--to", "sqlite:///OTHER"],
+    "runs copy --to": ["runs", "copy", "--from", "sqlite:///OTHER", "--to", "FOREIGN"],
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_refuses_another_application_s_database(
+    command: str, store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    app = tmp_path / "app" / "app.db"
+    app.parent.mkdir()
+    digest = foreign_database(app)
+    uri = f"sqlite:///{app}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    other = tmp_path / "other.db"
+    argv = [a.replace("FOREIGN", uri).replace("OTHER", str(other)) for a in COMMANDS[command]]
+    if command == "runs copy --to":
+        MlflowClient(f"sqlite:///{other}").search_experiments()  # an MLflow store as source
+    write_outbox(store, uri)  # something for `runs sync` to deliver
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("workbench: error: "), err
+    assert "holds another application's tables (customers)" in err
+    assert hashlib.sha256(app.read_bytes()).hexdigest() == digest
+    assert sorted(p.name for p in app.parent.iterdir()) == ["app.db"]
