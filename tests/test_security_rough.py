@@ -5,23 +5,32 @@
   MLflow's four minutes of retries.
 - Every command that opens a store refuses another application's SQLite file in one line
   (exit 2) and leaves its bytes as they were.
+- A study whose ``workbench tune`` was SIGKILLed mid-trial and resumed at once runs the
+  requested number of trials and closes every run (slow tier: real papermill trials).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
+import signal
 import socket
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 from workbench import cli
 from workbench.tracking import journal
 from workbench.tracking.redaction import redact_uri
+
+from .conftest import ROOT, run_cli
 
 RUN_ID = "0123456789abcdef0123456789abcdef"
 
@@ -116,3 +125,65 @@ def test_every_command_refuses_another_application_s_database(
     assert "holds another application's tables (customers)" in err
     assert hashlib.sha256(app.read_bytes()).hexdigest() == digest
     assert sorted(p.name for p in app.parent.iterdir()) == ["app.db"]
+
+
+# --------------------------------------------------------------------------- killed study
+
+TINY_STUDY = ["env=inverted_pendulum", "debug=tiny", "search=tiny",
+              "tracking.system_metrics=false", "tune.workers=1"]
+
+
+def study_runs(uri: str) -> list:
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("workbench")
+    return [] if experiment is None else client.search_runs([experiment.experiment_id], "")
+
+
+def kernels_of(pid: int) -> list[psutil.Process]:
+    """Processes started by the ``workbench tune`` process ``pid`` (its trials' kernels)."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get("JPY_PARENT_PID") == str(pid):
+                found.append(process)
+    return found
+
+
+@pytest.mark.slow
+def test_a_study_killed_mid_trial_resumes_to_its_total_with_every_run_closed(
+        store: Path) -> None:
+    import optuna
+
+    uri = os.environ["MLFLOW_TRACKING_URI"]
+    args = ["tune", "--n-trials", "2", *TINY_STUDY, "tune.study=killed"]
+    env = {**os.environ, "WORKBENCH_CPU_BUDGET": "2"}
+    first = subprocess.Popen([sys.executable, "-m", "workbench", *args,
+                              "total_timesteps=10000000"], cwd=ROOT, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not any(
+                r.info.status == "RUNNING" and r.data.tags.get("tune.role") == "trial"
+                for r in study_runs(uri)):
+            time.sleep(0.5)
+        time.sleep(1)  # the trial trains
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    started = time.monotonic()
+    resumed = run_cli(*args, env={"WORKBENCH_CPU_BUDGET": "2"}, timeout=600)
+    print(f"resumed in {time.monotonic() - started:.0f} s")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    trials = optuna.load_study(study_name="killed",
+                               storage=f"sqlite:///{store / 'optuna.db'}").trials
+    states = [t.state.name for t in trials]
+    assert states == ["FAIL", "COMPLETE", "COMPLETE"], states  # the killed one not counted
+    assert "died" in trials[0].user_attrs["workbench.abandoned"]
+    runs = study_runs(uri)
+    status = {r.data.tags.get("tune.trial", "parent"): r.info.status for r in runs}
+    assert status == {"parent": "FINISHED", "0": "KILLED", "1": "FINISHED", "2": "FINISHED"}
+    (killed,) = [r for r in runs if r.data.tags.get("tune.trial") == "0"]
+    assert "workbench tune" in killed.data.tags["error"]
+    assert not kernels_of(first.pid)  # the killed trial's kernel went with its driver

@@ -190,8 +190,17 @@ def mark_reaped(client: MlflowClient, run: Any, age: float, now: float) -> None:
         f"ended without recording it (killed, crashed machine); resume with: workbench train "
         f"resume={run_id}"
     )
+    mark_killed(client, run_id, message, end_s=last, now=now)
+
+
+def mark_killed(client: MlflowClient, run_id: str, message: str, *, end_s: float,
+                now: float | None = None) -> None:
+    """KILLED at ``end_s`` (Unix seconds), ``error`` = ``message`` (it starts with the reap's
+    prefix) and tag ``workbench.reaped``: a process that turns out to be alive undoes it with
+    its next write (:mod:`workbench.tracking.outbox`)."""
+    now = time.time() if now is None else now
     client.log_batch(run_id, tags=[RunTag("error", message), RunTag(REAPED_TAG, f"{now:.0f}")])
-    client.set_terminated(run_id, "KILLED", end_time=int(last * 1000))
+    client.set_terminated(run_id, "KILLED", end_time=int(end_s * 1000))
 
 
 def sync_outboxes(tracking_uri: str | None = None, run_id: str | None = None
