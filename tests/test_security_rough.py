@@ -20,6 +20,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -187,3 +188,41 @@ def test_a_study_killed_mid_trial_resumes_to_its_total_with_every_run_closed(
     (killed,) = [r for r in runs if r.data.tags.get("tune.trial") == "0"]
     assert "workbench tune" in killed.data.tags["error"]
     assert not kernels_of(first.pid)  # the killed trial's kernel went with its driver
+
+
+# --------------------------------------------------------------------------- unbounded video
+
+
+def test_a_whole_episode_video_streams_its_frames_instead_of_keeping_them(
+        tmp_path: Path) -> None:
+    # video=hd renders whole episodes (video.max_steps=null); 150 frames of 320x240 are
+    # 34.6 MB of pixels, which the recorder used to hold until encoding.
+    import numpy as np
+    from workbench.config import load_config
+    from workbench.envs import video
+    from workbench.envs.spec import EnvSpec
+    from workbench.envs.vector import make_eval_env
+
+    cfg = load_config(["env=halfcheetah", "debug=tiny", "video=hd", "video.max_steps=null",
+                       "video.width=320", "video.height=240", "video.shadows=false",
+                       "env.max_episode_steps=150"])
+    settings = video.VideoSettings.from_config(cfg.video)
+    assert settings.max_steps is None
+    venv = make_eval_env(EnvSpec.from_config(cfg), video=settings)
+    fps = video.frame_rate(video.rendering_env(venv), settings)
+    try:
+        tracemalloc.start()
+        with video.encoding(tmp_path, "replay", fps) as encoder:
+            recording = video.record_vec(
+                venv, lambda obs: np.zeros((len(obs), 6), np.float32), settings, encoder.add)
+            _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    finally:
+        venv.close()
+    files = encoder.close()
+    pixels = recording.count * 320 * 240 * 3
+    print(f"{recording.count} frames, {pixels / 1e6:.1f} MB of pixels, peak {peak / 1e6:.1f} MB")
+    assert recording.count == 150 and not recording.frames
+    assert peak < pixels / 4  # the GIF preview's halved frames, not the video's
+    assert video.probe(files.video)["frames"] == 150
+    assert files.preview.stat().st_size > 0
