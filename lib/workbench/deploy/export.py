@@ -212,14 +212,15 @@ def replay_video(onnx_path: Path, cfg: WorkbenchConfig, seed: int, directory: Pa
     session = onnx_session(onnx_path)
     env = make_env(EnvSpec.from_config(cfg), video=settings)
     try:
-        recording = video.record_episode(
-            env, lambda obs: session.run(None, {INPUT_NAME: obs.astype(np.float32)})[0],
-            seed, settings)
+        with video.encoding(directory, VIDEO_STEM, video.frame_rate(env, settings)) as encoder:
+            recording = video.record_episode(  # each frame streamed to ffmpeg as it comes
+                env, lambda obs: session.run(None, {INPUT_NAME: obs.astype(np.float32)})[0],
+                seed, settings, encoder.add)
     except video.RenderingUnavailable as exc:
         return {"skipped": str(exc)}
     finally:
         env.close()
-    files = video.write_video(recording, directory, VIDEO_STEM)
+    files = encoder.close()
     return {
         "file": files.video.name, "preview": files.preview.name, "seed": seed,
         "return": recording.returns[0], "steps": recording.lengths[0], "frames": files.frames,

@@ -3,7 +3,10 @@
 
 Training records in its evaluation env (:func:`record_vec`, driven by SB3's deterministic
 ``predict``), the export in its replay env (:func:`record_episode`, driven by the ONNX
-session); both encode with :func:`write_video`. Frames come from gymnasium's ``rgb_array``
+session); both hand each frame to a :class:`VideoEncoder` as it is rendered, which pipes it
+to ffmpeg at once and keeps only the GIF preview's frames (at most 100, half size): a video
+of any length (``video=hd``: whole episodes at 640x480) holds a bounded amount of memory,
+not every frame. Frames come from gymnasium's ``rgb_array``
 render mode: for MuJoCo tasks through ``MUJOCO_GL`` (``egl`` or ``osmesa``, chosen by
 :func:`workbench.envs.robots.rendering.prefer_offscreen_backend` before the first OpenGL
 import); a backend that cannot make a context raises :class:`RenderingUnavailable` at the
@@ -12,13 +15,14 @@ first frame, with what to install. The encoder is imageio-ffmpeg's bundled ffmpe
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +51,7 @@ PREVIEW_SECONDS = 10  # ... for at most this long, at half the video's size
 CRF = 28  # x264 quality: small files, smooth enough for a robot on a plain floor
 
 Policy = Callable[[np.ndarray], np.ndarray]  # observation batch -> action batch
+FrameSink = Callable[[np.ndarray], None]  # receives each frame as it is rendered
 
 
 @dataclass(frozen=True)
@@ -68,10 +73,12 @@ class VideoSettings:
 
 @dataclass
 class Recording:
-    """Frames of one or more episodes, what they returned, and what recording took."""
+    """One or more episodes: their frames (kept only when recorded without a sink), what
+    they returned, and what recording took."""
 
     fps: float
     frames: list[np.ndarray] = field(default_factory=list)
+    count: int = 0  # frames rendered
     returns: list[float] = field(default_factory=list)  # of the rendered steps, per episode
     lengths: list[int] = field(default_factory=list)
     seconds: float = 0.0  # stepping and rendering (encoding is timed by the caller)
@@ -245,19 +252,22 @@ def check_renders(env: Any) -> None:
                         "no rgb_array), so it gives no frames to record")
 
 
-def record_vec(venv: Any, policy: Policy, settings: VideoSettings) -> Recording:
+def record_vec(venv: Any, policy: Policy, settings: VideoSettings,
+               sink: FrameSink | None = None) -> Recording:
     """``settings.episodes`` episodes of ``policy`` in the evaluation VecEnv ``venv``, each
-    stopped after ``settings.max_steps`` steps; one frame before every step."""
+    stopped after ``settings.max_steps`` steps; one frame before every step, handed to
+    ``sink`` (a :class:`VideoEncoder`) as it comes, else kept in the recording."""
     started = time.perf_counter()
     env = rendering_env(venv)
     source = FrameSource(env, settings)
     recording = Recording(fps=frame_rate(env, settings))
+    keep = frame_sink(recording, sink)
     limit = settings.max_steps or math.inf
     obs = venv.reset()
     for _ in range(settings.episodes):
         total, steps, done = 0.0, 0, False
         while not done and steps < limit:
-            recording.frames.append(source.frame())
+            keep(source.frame())
             obs, reward, dones, _ = venv.step(policy(obs))
             total += float(reward[0])
             steps += 1
@@ -270,17 +280,20 @@ def record_vec(venv: Any, policy: Policy, settings: VideoSettings) -> Recording:
     return recording
 
 
-def record_episode(env: Any, policy: Policy, seed: int, settings: VideoSettings) -> Recording:
-    """One seeded episode of ``policy`` in a raw gymnasium ``env`` (the export's replay)."""
+def record_episode(env: Any, policy: Policy, seed: int, settings: VideoSettings,
+                   sink: FrameSink | None = None) -> Recording:
+    """One seeded episode of ``policy`` in a raw gymnasium ``env`` (the export's replay);
+    frames as :func:`record_vec` handles them."""
     started = time.perf_counter()
     check_renders(env)
     source = FrameSource(env, settings)
     recording = Recording(fps=frame_rate(env, settings))
+    keep = frame_sink(recording, sink)
     limit = settings.max_steps or math.inf
     obs, _ = env.reset(seed=seed)
     total, steps, done = 0.0, 0, False
     while not done and steps < limit:
-        recording.frames.append(source.frame())
+        keep(source.frame())
         obs, reward, terminated, truncated, _ = env.step(policy(obs[None])[0])
         total += float(reward)
         steps += 1
@@ -291,41 +304,100 @@ def record_episode(env: Any, policy: Policy, seed: int, settings: VideoSettings)
     return recording
 
 
-def write_video(recording: Recording, folder: Path, stem: str) -> VideoFiles:
+def frame_sink(recording: Recording, sink: FrameSink | None) -> FrameSink:
+    """What a recorder calls with each frame: ``sink`` (counted), else the recording's list."""
+    def keep(frame: np.ndarray) -> None:
+        recording.count += 1
+        if sink is None:
+            recording.frames.append(frame)
+        else:
+            sink(frame)
+
+    return keep
+
+
+class VideoEncoder:
     """``<stem>.mp4`` (H.264, yuv420p: plays in browsers, MLflow's UI and the Hub) and
-    ``<stem>.gif`` (half size, <= 10 fps, <= 10 s) in ``folder``."""
-    import imageio_ffmpeg
+    ``<stem>.gif`` (half size, <= 10 fps, <= 10 s) in ``folder``, from frames given one at
+    a time (:meth:`add`, a :data:`FrameSink`).
 
-    if not recording.frames:
-        raise ValueError("no frames to encode")
-    folder.mkdir(parents=True, exist_ok=True)
-    height, width = recording.frames[0].shape[:2]
-    video = folder / f"{stem}{VIDEO_SUFFIX}"
-    writer = imageio_ffmpeg.write_frames(
-        str(video), (width, height), fps=recording.fps, codec="libx264", pix_fmt_in="rgb24",
-        pix_fmt_out="yuv420p", quality=None, macro_block_size=2, ffmpeg_log_level="error",
-        output_params=["-crf", str(CRF), "-preset", "veryfast", "-movflags", "+faststart"],
-    )
-    writer.send(None)  # the generator starts ffmpeg here
+    Each frame goes to ffmpeg's stdin as it comes (imageio-ffmpeg's ``write_frames``
+    generator, started at the first frame, whose size it takes); only the preview's frames
+    are kept, already halved. :meth:`close` finishes both files; :meth:`abort` stops ffmpeg
+    when the recording failed.
+    """
+
+    def __init__(self, folder: Path, stem: str, fps: float) -> None:
+        self.video = folder / f"{stem}{VIDEO_SUFFIX}"
+        self.preview_path = folder / f"{stem}{PREVIEW_SUFFIX}"
+        self.fps = fps
+        self.every = max(1, math.ceil(fps / PREVIEW_FPS))  # the GIF's k-th frames
+        self.preview: list[Image.Image] = []
+        self.frames = 0
+        self.size = (0, 0)
+        self.writer: Any = None
+
+    def add(self, frame: np.ndarray) -> None:
+        """Encode one RGB frame (uint8, height x width x 3)."""
+        if self.writer is None:
+            self.start(frame)
+        self.writer.send(frame)
+        if self.frames % self.every == 0 and len(self.preview) < PREVIEW_SECONDS * PREVIEW_FPS:
+            width, height = self.size
+            self.preview.append(Image.fromarray(frame).resize(
+                (max(2, width // 2), max(2, height // 2)), Image.Resampling.BILINEAR))
+        self.frames += 1
+
+    def start(self, frame: np.ndarray) -> None:
+        import imageio_ffmpeg
+
+        self.video.parent.mkdir(parents=True, exist_ok=True)
+        height, width = frame.shape[:2]
+        self.size = (width, height)
+        self.writer = imageio_ffmpeg.write_frames(
+            str(self.video), self.size, fps=self.fps, codec="libx264", pix_fmt_in="rgb24",
+            pix_fmt_out="yuv420p", quality=None, macro_block_size=2, ffmpeg_log_level="error",
+            output_params=["-crf", str(CRF), "-preset", "veryfast", "-movflags", "+faststart"],
+        )
+        self.writer.send(None)  # the generator starts ffmpeg here
+
+    def close(self) -> VideoFiles:
+        """Finish the MP4 (ffmpeg flushes and exits) and write the GIF."""
+        if self.writer is None:
+            raise ValueError("no frames to encode")
+        self.writer.close()
+        self.writer = None
+        duration_ms = round(1000 * self.every / self.fps)
+        self.preview[0].save(self.preview_path, save_all=True, append_images=self.preview[1:],
+                             duration=duration_ms, loop=0, optimize=True)
+        return VideoFiles(video=self.video, preview=self.preview_path, frames=self.frames,
+                          size=self.size, fps=self.fps)
+
+    def abort(self) -> None:
+        """Stop ffmpeg without a preview (the recording failed); no-op once closed."""
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+@contextlib.contextmanager
+def encoding(folder: Path, stem: str, fps: float) -> Iterator[VideoEncoder]:
+    """A :class:`VideoEncoder` for a recording; ffmpeg is stopped if the block fails (the
+    caller closes it after the block)."""
+    encoder = VideoEncoder(folder, stem, fps)
+    try:
+        yield encoder
+    except BaseException:
+        encoder.abort()
+        raise
+
+
+def write_video(recording: Recording, folder: Path, stem: str) -> VideoFiles:
+    """Encode a recording whose frames were kept in memory (:class:`VideoEncoder`)."""
+    encoder = VideoEncoder(folder, stem, recording.fps)
     for frame in recording.frames:
-        writer.send(frame)
-    writer.close()
-    preview = folder / f"{stem}{PREVIEW_SUFFIX}"
-    write_preview(recording, preview)
-    return VideoFiles(video=video, preview=preview, frames=len(recording.frames),
-                      size=(width, height), fps=recording.fps)
-
-
-def write_preview(recording: Recording, path: Path) -> None:
-    """The animated GIF: every k-th frame, half size, looping."""
-    every = max(1, math.ceil(recording.fps / PREVIEW_FPS))
-    shown = recording.frames[::every][: PREVIEW_SECONDS * PREVIEW_FPS]
-    height, width = recording.frames[0].shape[:2]
-    size = (max(2, width // 2), max(2, height // 2))
-    images = [Image.fromarray(f).resize(size, Image.Resampling.BILINEAR) for f in shown]
-    duration_ms = round(1000 * every / recording.fps)
-    images[0].save(path, save_all=True, append_images=images[1:], duration=duration_ms, loop=0,
-                   optimize=True)
+        encoder.add(frame)
+    return encoder.close()
 
 
 def probe(path: Path) -> dict[str, Any]:

@@ -94,13 +94,16 @@ def check_source(uri: str) -> MlflowClient:
 
 
 def check_destination(uri: str) -> MlflowClient:
-    """A client for the destination, after checking that it answers and accepts us."""
+    """A client for the destination, after checking that it answers and accepts us; an
+    existing SQLite file must be an intact MLflow database (never another application's)."""
     from mlflow.tracking import MlflowClient
 
     if uri.startswith(("http://", "https://")):
         check_server(uri.rstrip("/"))
     elif uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        db = Path(uri.removeprefix("sqlite:///"))
+        check_sqlite_file(uri, db)
+        db.parent.mkdir(parents=True, exist_ok=True)
     return MlflowClient(tracking_uri=uri)
 
 

@@ -30,6 +30,7 @@ persists pending writes nor retries them.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -37,7 +38,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,34 @@ FAST_FAIL_HTTP = {
 }
 
 HEARTBEAT_TAG = "workbench.heartbeat"
+
+
+def shorten_http_retries() -> dict[str, str | None]:
+    """Set :data:`FAST_FAIL_HTTP` where the user has not chosen values; the previous values
+    (for :func:`restore_environment`)."""
+    saved = {key: os.environ.get(key) for key in FAST_FAIL_HTTP}
+    for key, value in FAST_FAIL_HTTP.items():
+        os.environ.setdefault(key, value)
+    return saved
+
+
+def restore_environment(saved: Mapping[str, str | None]) -> None:
+    """Put back the variables :func:`shorten_http_retries` found (unset where they were)."""
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@contextlib.contextmanager
+def fast_fail_http() -> Iterator[None]:
+    """MLflow's HTTP retries shortened (:data:`FAST_FAIL_HTTP`) within the block."""
+    saved = shorten_http_retries()
+    try:
+        yield
+    finally:
+        restore_environment(saved)
 
 
 def outbox_root() -> Path:
@@ -149,9 +178,7 @@ class DeliveryClient(MlflowClient):
         self.ended = False  # the run's status was delivered: a late heartbeat revives nothing
         self.delivered = 0
         self.rejected: list[str] = []
-        self._saved_env = {k: os.environ.get(k) for k in FAST_FAIL_HTTP}
-        for key, value in FAST_FAIL_HTTP.items():
-            os.environ.setdefault(key, value)
+        self._saved_env = shorten_http_retries()
         self.thread = threading.Thread(target=self._deliver, name="workbench-outbox", daemon=True)
         self.thread.start()
         self.heartbeat()  # alive from its creation on, not only once it steps
@@ -274,11 +301,7 @@ class DeliveryClient(MlflowClient):
         self.wake.set()
         self.thread.join(timeout=1.0 if drained else 0.1)
         left = self.pending()
-        for key, value in self._saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        restore_environment(self._saved_env)
         fcntl.flock(self._lock_handle, fcntl.LOCK_UN)
         self._lock_handle.close()
         if left == 0 and not self.thread.is_alive():

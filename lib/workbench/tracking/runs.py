@@ -46,7 +46,12 @@ from workbench.tracking.journal import (
 from workbench.tracking.outbox import HEARTBEAT_TAG, short_error
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.rejection import CannotRecreate, LoginRefused, Verdict
-from workbench.tracking.store import check_store, resolve_tracking_uri
+from workbench.tracking.store import (
+    check_store,
+    is_embedded,
+    resolve_tracking_uri,
+    server_problem,
+)
 
 __all__ = ["REAPED_TAG", "LoginRefused"]
 
@@ -185,8 +190,17 @@ def mark_reaped(client: MlflowClient, run: Any, age: float, now: float) -> None:
         f"ended without recording it (killed, crashed machine); resume with: workbench train "
         f"resume={run_id}"
     )
+    mark_killed(client, run_id, message, end_s=last, now=now)
+
+
+def mark_killed(client: MlflowClient, run_id: str, message: str, *, end_s: float,
+                now: float | None = None) -> None:
+    """KILLED at ``end_s`` (Unix seconds), ``error`` = ``message`` (it starts with the reap's
+    prefix) and tag ``workbench.reaped``: a process that turns out to be alive undoes it with
+    its next write (:mod:`workbench.tracking.outbox`)."""
+    now = time.time() if now is None else now
     client.log_batch(run_id, tags=[RunTag("error", message), RunTag(REAPED_TAG, f"{now:.0f}")])
-    client.set_terminated(run_id, "KILLED", end_time=int(last * 1000))
+    client.set_terminated(run_id, "KILLED", end_time=int(end_s * 1000))
 
 
 def sync_outboxes(tracking_uri: str | None = None, run_id: str | None = None
@@ -201,16 +215,36 @@ def sync_outboxes(tracking_uri: str | None = None, run_id: str | None = None
 
 def iter_sync(tracking_uri: str | None = None, run_id: str | None = None
               ) -> Iterator[SyncResult]:
-    """:func:`sync_outboxes`, one result as each outbox is done."""
+    """:func:`sync_outboxes`, one result as each outbox is done.
+
+    An embedded store must be an intact MLflow database (another application's file is
+    refused, untouched: :func:`check_store`). A tracking server is asked once, with one
+    short ``/health`` request, before the first outbox: when it does not answer, every
+    outbox is reported pending at once instead of after MLflow's minutes of retries per
+    request, and MLflow's own retries are shortened for the sync (``FAST_FAIL_HTTP``) in
+    case the server goes away midway.
+    """
     uri = tracking_uri or resolve_tracking_uri(None)
+    if is_embedded(uri):
+        check_store(uri)
     client: MlflowClient | None = None
-    for folder in outbox.outboxes(run_id):
-        recorded = outbox.recorded_uri(folder)
-        if recorded is not None and recorded != redact_uri(uri):
-            yield SyncResult(folder.name, 0, -1, f"recorded for store {recorded}; skipped")
-            continue
-        client = client or MlflowClient(tracking_uri=uri)
-        yield sync_outbox(client, folder)
+    unreachable: str | None = None
+    with outbox.fast_fail_http():
+        for folder in outbox.outboxes(run_id):
+            recorded = outbox.recorded_uri(folder)
+            if recorded is not None and recorded != redact_uri(uri):
+                yield SyncResult(folder.name, 0, -1, f"recorded for store {recorded}; skipped")
+                continue
+            if client is None:
+                unreachable = server_problem(uri)
+                client = MlflowClient(tracking_uri=uri)
+            left = len(Journal(folder).pending()) if unreachable is not None else 0
+            if left:
+                yield SyncResult(folder.name, 0, left, (
+                    f"tracking store {redact_uri(uri)} not reachable ({unreachable}); the "
+                    "writes are kept: rerun `workbench runs sync` once it answers"))
+                continue
+            yield sync_outbox(client, folder)
 
 
 # --------------------------------------------------------------------------- one outbox

@@ -112,21 +112,28 @@ def check_server(uri: str, timeout_s: float = SERVER_TIMEOUT_S) -> None:
     A server that answers at all (even 401/403: its auth app guards the API) is usable here;
     the login is checked by the first real request (:func:`get_experiment_or_explain`).
     """
+    reason = server_problem(uri, timeout_s)
+    if reason is not None:
+        raise ConfigError(
+            f"tracking server {redact_uri(uri)}: not reachable ({reason}); start it (workbench "
+            "server start) or point MLFLOW_TRACKING_URI / tracking.uri at one that runs"
+        )
+
+
+def server_problem(uri: str, timeout_s: float = SERVER_TIMEOUT_S) -> str | None:
+    """Why the tracking server at ``uri`` does not answer one ``/health`` request within
+    ``timeout_s`` (nothing listens, or it accepts and never replies), or None when it does."""
     if urlsplit(uri).scheme not in ("http", "https"):
-        return  # databricks://, file stores: nothing to ask
+        return None  # databricks://, file stores: nothing to ask
     # /health needs no login, and urllib cannot parse a URI's user:password part.
     url = remote_without_credentials(uri).rstrip("/") + "/health"
     try:
         with urllib.request.urlopen(url, timeout=timeout_s):  # noqa: S310 (http(s) only)
-            return
+            return None
     except urllib.error.HTTPError:
-        return  # it answered
+        return None  # it answered
     except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise ConfigError(
-            f"tracking server {redact_uri(uri)}: not reachable ({reason}); start it (workbench "
-            "server start) or point MLFLOW_TRACKING_URI / tracking.uri at one that runs"
-        ) from None
+        return str(getattr(exc, "reason", exc))
 
 
 def check_store(uri: str) -> None:

@@ -28,8 +28,10 @@ from workbench.envs.video import (
     RenderingUnavailable,
     VideoFiles,
     VideoSettings,
+    encoding,
+    frame_rate,
     record_vec,
-    write_video,
+    rendering_env,
 )
 
 ARTIFACT_DIR = "video"
@@ -69,21 +71,23 @@ class VideoRecorder:
             return None
         started = time.perf_counter()
         try:
-            sync_envs_normalization(train_env, eval_env)  # as evaluation does
-            recording = record_vec(
-                eval_env, lambda obs: model.predict(obs, deterministic=True)[0], self.settings)
-        except RenderingUnavailable as exc:
-            self.unavailable, self.reason = str(exc), exc.reason
-            print(f"workbench: warning: no video: {exc}; the run goes on without video",
-                  file=sys.stderr, flush=True)
-            return None
+            with tempfile.TemporaryDirectory(prefix="workbench-video-") as tmp:
+                try:
+                    sync_envs_normalization(train_env, eval_env)  # as evaluation does
+                    fps = frame_rate(rendering_env(eval_env), self.settings)
+                    with encoding(Path(tmp), stem, fps) as encoder:  # frames streamed to ffmpeg
+                        recording = record_vec(
+                            eval_env, lambda obs: model.predict(obs, deterministic=True)[0],
+                            self.settings, encoder.add)
+                except RenderingUnavailable as exc:
+                    self.unavailable, self.reason = str(exc), exc.reason
+                    print(f"workbench: warning: no video: {exc}; the run goes on without "
+                          "video", file=sys.stderr, flush=True)
+                    return None
+                files = encoder.close()
+                self.client.log_artifacts(self.run_id, tmp, artifact_path=ARTIFACT_DIR)
         finally:
             self.seconds += time.perf_counter() - started
-        started = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="workbench-video-") as tmp:
-            files = write_video(recording, Path(tmp), stem)
-            self.client.log_artifacts(self.run_id, tmp, artifact_path=ARTIFACT_DIR)
-        self.seconds += time.perf_counter() - started
         returns = recording.returns
         return recorded(files, sum(returns) / len(returns))
 

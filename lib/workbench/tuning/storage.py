@@ -10,8 +10,10 @@
 Workers join a study through its storage, the way Optuna documents it for several processes
 and machines. Claiming a trial (count, then ask) runs under a lock held in that storage's own
 terms: a file lock beside a SQLite file, a PostgreSQL advisory lock on a server, so two
-workers never overshoot ``tune.n_trials``. Trials whose worker died (no heartbeat) are failed
-at the next start; they, and interrupted trials, do not count against the total.
+workers never overshoot ``tune.n_trials``. Trials whose worker died are failed at the next
+start: at once when the worker ran on this machine (its process, recorded with the trial, is
+gone), else once Optuna's heartbeat is older than :data:`GRACE_S`; they, and interrupted
+trials, do not count against the total.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import contextlib
 import fcntl
 import hashlib
 import logging
+import os
+import socket
 import threading
 import warnings
 from collections.abc import Iterator
@@ -38,6 +42,8 @@ SQLITE_TIMEOUT_S = 60  # busy timeout of each SQLite connection (parallel worker
 COUNTED = "workbench.failure"  # user attr of a FAIL trial that counts (its training failed)
 PRUNED_AT = "workbench.pruned"  # user attr set by the trial's kernel when the pruner stops it
 RUN_ID = "mlflow_run_id"  # user attr: the trial's MLflow run
+OWNER = "workbench.owner"  # user attr: the worker process running the trial (host, pid, start)
+ABANDONED = "workbench.abandoned"  # user attr of a trial failed because its worker died
 
 
 def storage_url(explicit: str | None, tracking_uri: str) -> str:
@@ -144,6 +150,56 @@ def counts(trial: Any) -> bool:
     if trial.state == TrialState.WAITING:
         return False
     return trial.state != TrialState.FAIL or COUNTED in trial.user_attrs
+
+
+def owner_record() -> dict[str, Any]:
+    """This worker process as a trial's owner: host name, pid and the pid's start time (a
+    pid reused by another process after a reboot or a wrap-around is not the owner)."""
+    import psutil
+
+    return {"host": socket.gethostname(), "pid": os.getpid(),
+            "started": psutil.Process().create_time()}
+
+
+def owner_is_dead(owner: Any) -> bool:
+    """True when ``owner`` (:func:`owner_record`) ran on this machine and has exited; False
+    when it lives, ran elsewhere or is not known (Optuna's heartbeat decides those)."""
+    import psutil
+
+    if not isinstance(owner, dict) or owner.get("host") != socket.gethostname():
+        return False
+    try:
+        started = psutil.Process(int(owner["pid"])).create_time()
+    except psutil.NoSuchProcess:
+        return True
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return False
+    return abs(started - float(owner.get("started", started))) > 1.0  # the pid was reused
+
+
+def fail_orphaned_trials(study: Any) -> list[int]:
+    """Fail, at once, the RUNNING trials whose worker process on this machine is dead (a
+    SIGKILL, the OOM killer); the numbers of the trials failed.
+
+    Optuna's heartbeat (:func:`optuna.storages.fail_stale_trials`) would fail them only after
+    :data:`GRACE_S`; until then they would count against ``tune.n_trials`` and keep the
+    study's parent RUNNING. They are not :data:`COUNTED`: a resume replaces them.
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    storage, failed = study._storage, []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = trial.user_attrs.get(OWNER)
+        if not owner_is_dead(owner):
+            continue
+        why = (f"its workbench tune process (pid {owner['pid']} on {owner['host']}) died "
+               "while it ran; not counted, the study runs another trial in its place")
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+            storage.set_trial_user_attr(trial._trial_id, ABANDONED, why)
+            if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+                failed.append(trial.number)
+    return failed
 
 
 def list_studies(url: str) -> list[str]:

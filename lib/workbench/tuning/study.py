@@ -52,6 +52,7 @@ from workbench.sweeps.store import (
     search_all,
 )
 from workbench.tracking import runs
+from workbench.tracking.journal import REAP_ERROR_PREFIX
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import MAX_TAG_VALUE_LENGTH, is_embedded, log_params, truncate
 from workbench.tuning.best import best_config_text, write_best_config
@@ -62,11 +63,14 @@ from workbench.tuning.plan import TunePlan, plan_tune, trial_config
 from workbench.tuning.request import TuneRequest
 from workbench.tuning.storage import (
     COUNTED,
+    OWNER,
     PRUNED_AT,
     RUN_ID,
     Heartbeat,
     counts,
+    fail_orphaned_trials,
     open_storage,
+    owner_record,
     quiet_optuna,
     study_lock,
 )
@@ -161,6 +165,7 @@ def study_trials(plan: TunePlan, backend: TrialBackend, study: Any, storage: Any
     """The trials of a study whose parent run exists, then the parent closed."""
     import optuna
 
+    close_orphaned_trials(plan, study, client, experiment_id)
     optuna.storages.fail_stale_trials(study)  # trials of workers that died: FAIL, not counted
     runs.reap_stale_runs(plan.tracking_uri, experiment_names=[plan.experiment],
                          filter_string=child_filter(plan.study))
@@ -185,6 +190,26 @@ def study_trials(plan: TunePlan, backend: TrialBackend, study: Any, storage: Any
             "KILLED, not counted); restart the cluster and run the same command again to "
             "resume the study") from lost
     return result
+
+
+def close_orphaned_trials(plan: TunePlan, study: Any, client: MlflowClient,
+                          experiment_id: str) -> None:
+    """Trials whose ``workbench tune`` process on this machine died: FAIL at once (not
+    counted, :func:`fail_orphaned_trials`) and their runs KILLED.
+
+    The trial's kernel went with its driver (ipykernel exits within a second of its parent,
+    the ``JPY_PARENT_PID`` it was started with) without closing its run, whose heartbeat is
+    still fresh: ``runs reap`` would leave it alone for minutes. A kernel found alive after
+    all (a Ray task's) takes its run back with its next heartbeat.
+    """
+    for number in fail_orphaned_trials(study):
+        found = search_all(client, experiment_id, f"{child_filter(plan.study)} and "
+                           f"tags.`tune.trial` = '{number}' and attributes.status = 'RUNNING'")
+        for run in found:
+            runs.mark_killed(client, run.info.run_id, (
+                f"{REAP_ERROR_PREFIX}the workbench tune process running trial {number} of "
+                f"study {plan.study} died (killed); the study runs another trial in its "
+                "place"), end_s=runs.last_sign_of_life(run))
 
 
 def open_study(plan: TunePlan, storage: Any) -> Any:
@@ -318,6 +343,7 @@ def claim_trial(plan: TunePlan, study: Any, storage: Any, parent_id: str, experi
         if sum(counts(t) for t in study.get_trials(deepcopy=False)) >= plan.n_trials:
             return None
         trial = study.ask()
+        trial.set_user_attr(OWNER, owner_record())  # a dead owner's trial fails at once
         values = {d.name: d.suggest(trial) for d in plan.space.dimensions}
     trial_id = storage.get_trial_id_from_study_id_trial_number(
         storage.get_study_id_from_name(plan.study), trial.number)
