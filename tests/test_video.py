@@ -22,6 +22,7 @@ from workbench.envs import video
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_eval_env
 from workbench.training import train
+from workbench.training import video as training_video
 from workbench.training.trainer import TrainResult
 
 from .conftest import TINY, embedded_store, run_cli
@@ -138,6 +139,30 @@ def test_a_closed_envs_render_context_cannot_blank_the_next_video(
         second.close()
     spread = [round(float(f.std()), 1) for f in frames]
     assert len(spread) == 20 and min(spread) > 5, spread
+
+
+def test_the_final_video_stops_at_its_budget_and_says_so() -> None:
+    """A short run's video may cost more than its training: it stops once it has taken
+    video.max_share of the training time (at least 2 s), and the summary says so."""
+    assert training_video.video_budget(0.25, 100.0) == 25.0
+    assert training_video.video_budget(0.25, 0.4) == training_video.MIN_VIDEO_SECONDS
+    assert training_video.video_budget(None, 100.0) is None
+    cfg = load_config([*TINY, "env.vec_env=dummy"])
+    spec, settings = EnvSpec.from_config(cfg), video.VideoSettings.from_config(cfg.video)
+    venv = make_eval_env(spec, video=settings)
+    try:
+        cut = video.record_vec(venv, lambda obs: np.zeros((len(obs), 6), np.float32), settings,
+                               budget_s=0.0)
+    finally:
+        venv.close()
+    assert (cut.cut, len(cut.frames), cut.lengths) == (True, 1, [1])
+    recorder = training_video.VideoRecorder(load_config(TINY).video, None, "r")
+    recorder.max_share, recorder.seconds = 0.25, 3.0
+    recorder.final = training_video.RecordedVideo("video/replay.mp4", "video/replay.gif", 40,
+                                                  (96, 64), 20.0, 1.0, cut=True)
+    assert recorder.summary(4.0).endswith(
+        "rendering added 3.0 s, 75% of training time; cut at the video budget (25% of training "
+        "time, at least 2 s: video.max_share=null records whole episodes)")
 
 
 @pytest.mark.unit

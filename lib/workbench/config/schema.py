@@ -289,6 +289,10 @@ class VideoConfig:
     height: int = ranged(240, 16, 1080, example=240)  # frame height in pixels (even: H.264)
     # shadows and reflections: nicer, and several times the render time without a GPU
     shadows: bool = False
+    # the final video stops once recording it took this share of the training time (but
+    # never before 2 s): on a short run a video costs more than the training; None: whole
+    # episodes, whatever they cost
+    max_share: float | None = ranged(0.25, 0.0, example=0.25)
 
 
 @dataclass

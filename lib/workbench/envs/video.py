@@ -82,6 +82,7 @@ class Recording:
     returns: list[float] = field(default_factory=list)  # of the rendered steps, per episode
     lengths: list[int] = field(default_factory=list)
     seconds: float = 0.0  # stepping and rendering (encoding is timed by the caller)
+    cut: bool = False  # stopped at the time budget, before its episodes' ends
 
 
 @dataclass(frozen=True)
@@ -253,20 +254,25 @@ def check_renders(env: Any) -> None:
 
 
 def record_vec(venv: Any, policy: Policy, settings: VideoSettings,
-               sink: FrameSink | None = None) -> Recording:
+               sink: FrameSink | None = None, budget_s: float | None = None) -> Recording:
     """``settings.episodes`` episodes of ``policy`` in the evaluation VecEnv ``venv``, each
     stopped after ``settings.max_steps`` steps; one frame before every step, handed to
-    ``sink`` (a :class:`VideoEncoder`) as it comes, else kept in the recording."""
+    ``sink`` (a :class:`VideoEncoder`) as it comes, else kept in the recording. Recording
+    stops (``cut``) once it has taken ``budget_s`` seconds, after at least one frame."""
     started = time.perf_counter()
     env = rendering_env(venv)
     source = FrameSource(env, settings)
     recording = Recording(fps=frame_rate(env, settings))
     keep = frame_sink(recording, sink)
     limit = settings.max_steps or math.inf
+    deadline = math.inf if budget_s is None else started + budget_s
     obs = venv.reset()
     for _ in range(settings.episodes):
         total, steps, done = 0.0, 0, False
         while not done and steps < limit:
+            if steps and time.perf_counter() > deadline:
+                recording.cut = True
+                break
             keep(source.frame())
             obs, reward, dones, _ = venv.step(policy(obs))
             total += float(reward[0])
@@ -276,6 +282,8 @@ def record_vec(venv: Any, policy: Policy, settings: VideoSettings,
             obs = venv.reset()
         recording.returns.append(total)
         recording.lengths.append(steps)
+        if recording.cut:
+            break
     recording.seconds = time.perf_counter() - started
     return recording
 

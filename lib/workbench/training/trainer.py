@@ -107,7 +107,7 @@ def train(
                   resumed=start.resumed is not None)
         wall = time.perf_counter() - started
         mean, std = evaluate(model, train_env, eval_env, cfg.eval.final_episodes)
-        videos = recorder.record_final(model, train_env, eval_env) if recorder else {}
+        videos = recorder.record_final(model, train_env, eval_env, wall) if recorder else {}
         summary = summarize(mean, std, model.num_timesteps, wall, memory.peak_mb) | videos
         log_summary(run.client, run.run_id, summary, model.num_timesteps)
         save_model(run.client, run.run_id, cfg, model, train_env, run.manifest)

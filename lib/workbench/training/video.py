@@ -36,6 +36,7 @@ from workbench.envs.video import (
 
 ARTIFACT_DIR = "video"
 FINAL_STEM = "replay"  # video/replay.mp4, the zoo's name for a policy's replay video
+MIN_VIDEO_SECONDS = 2.0  # the final video's budget is never less (video.max_share)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class RecordedVideo:
     size: tuple[int, int]
     fps: float
     episode_return: float  # mean over the recorded episodes, of the rendered steps
+    cut: bool = False  # stopped at the time budget (video.max_share)
 
 
 class VideoRecorder:
@@ -56,6 +58,7 @@ class VideoRecorder:
 
     def __init__(self, cfg: VideoConfig, client: Any, run_id: str) -> None:
         self.settings = VideoSettings.from_config(cfg)
+        self.max_share = cfg.max_share
         self.client = client
         self.run_id = run_id
         self.seconds = 0.0
@@ -63,10 +66,10 @@ class VideoRecorder:
         self.reason = ""  # that in one phrase, for the summary (no OpenGL, no rendering)
         self.final: RecordedVideo | None = None
 
-    def record(self, model: Any, train_env: VecEnv, eval_env: VecEnv, stem: str
-               ) -> RecordedVideo | None:
-        """Record ``stem``.mp4/.gif and log them; None (after one warning) when no video can
-        be made."""
+    def record(self, model: Any, train_env: VecEnv, eval_env: VecEnv, stem: str,
+               budget_s: float | None = None) -> RecordedVideo | None:
+        """Record ``stem``.mp4/.gif (for ``budget_s`` seconds at most) and log them; None
+        (after one warning) when no video can be made."""
         if self.unavailable is not None:
             return None
         started = time.perf_counter()
@@ -78,7 +81,7 @@ class VideoRecorder:
                     with encoding(Path(tmp), stem, fps) as encoder:  # frames streamed to ffmpeg
                         recording = record_vec(
                             eval_env, lambda obs: model.predict(obs, deterministic=True)[0],
-                            self.settings, encoder.add)
+                            self.settings, encoder.add, budget_s)
                 except RenderingUnavailable as exc:
                     self.unavailable, self.reason = str(exc), exc.reason
                     print(f"workbench: warning: no video: {exc}; the run goes on without "
@@ -89,11 +92,14 @@ class VideoRecorder:
         finally:
             self.seconds += time.perf_counter() - started
         returns = recording.returns
-        return recorded(files, sum(returns) / len(returns))
+        return recorded(files, sum(returns) / len(returns), recording.cut)
 
-    def record_final(self, model: Any, train_env: VecEnv, eval_env: VecEnv) -> dict[str, float]:
-        """The final video; returns its metrics for the run's summary batch."""
-        self.final = self.record(model, train_env, eval_env, FINAL_STEM)
+    def record_final(self, model: Any, train_env: VecEnv, eval_env: VecEnv, wall_s: float
+                     ) -> dict[str, float]:
+        """The final video, within its budget (:func:`video_budget` of the ``wall_s`` seconds
+        of training); returns its metrics for the run's summary batch."""
+        self.final = self.record(model, train_env, eval_env, FINAL_STEM,
+                                 video_budget(self.max_share, wall_s))
         metrics = {"video/render_seconds": self.seconds}
         if self.final is not None:
             metrics.update({"video/frames": float(self.final.frames),
@@ -108,15 +114,25 @@ class VideoRecorder:
             return f"none at the end; rendering took {self.seconds:.1f} s"
         v = self.final
         share = f", {100 * self.seconds / wall_s:.0f}% of training time" if wall_s > 0 else ""
+        cut = (f"; cut at the video budget ({self.max_share:.0%} of training time, at least "
+               f"{MIN_VIDEO_SECONDS:g} s: video.max_share=null records whole episodes)"
+               if v.cut and self.max_share is not None else "")
         return (f"{v.artifact} ({v.frames} frames {v.size[0]}x{v.size[1]} at {v.fps:g} fps, "
-                f"return {v.episode_return:.1f}); rendering added {self.seconds:.1f} s{share}")
+                f"return {v.episode_return:.1f}); rendering added {self.seconds:.1f} s"
+                f"{share}{cut}")
 
 
-def recorded(files: VideoFiles, episode_return: float) -> RecordedVideo:
+def video_budget(max_share: float | None, wall_s: float) -> float | None:
+    """Seconds the final video may take: ``max_share`` of the training time, at least
+    :data:`MIN_VIDEO_SECONDS`; None (no limit) without a share."""
+    return None if max_share is None else max(max_share * wall_s, MIN_VIDEO_SECONDS)
+
+
+def recorded(files: VideoFiles, episode_return: float, cut: bool = False) -> RecordedVideo:
     return RecordedVideo(
         artifact=f"{ARTIFACT_DIR}/{files.video.name}",
         preview=f"{ARTIFACT_DIR}/{files.preview.name}", frames=files.frames, size=files.size,
-        fps=files.fps, episode_return=episode_return)
+        fps=files.fps, episode_return=episode_return, cut=cut)
 
 
 class VideoCallback(BaseCallback):
