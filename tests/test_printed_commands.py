@@ -136,20 +136,18 @@ def test_model_card_reproduce_command_of_a_run_started_from_a_bundle() -> None:
 # --------------------------------------------------------------------------- resume hints
 
 
-def test_stopped_run_hint_resumes_it(capsys: pytest.CaptureFixture[str]) -> None:
-    from workbench.training.lifecycle import print_stopped
+def test_stopped_run_hint_resumes_it() -> None:
+    from workbench.training.lifecycle import stopped_line
 
-    print_stopped(RUN_ID, "KILLED", "checkpoints/step-000000004096")
-    hint = after("resume with: ", capsys.readouterr().err)
+    hint = after("resume with: ", stopped_line(RUN_ID, "KILLED", "checkpoints/step-000000004096"))
     args = parse_command(hint)
     assert args.overrides == [f"resume={RUN_ID}"]
 
 
-def test_stopped_notebook_run_hint_resumes_it(capsys: pytest.CaptureFixture[str]) -> None:
-    from workbench.training.lifecycle import print_stopped
+def test_stopped_notebook_run_hint_resumes_it() -> None:
+    from workbench.training.lifecycle import stopped_line
 
-    print_stopped(RUN_ID, "KILLED", "checkpoints/step-000000004096", notebook=True)
-    err = capsys.readouterr().err
+    err = stopped_line(RUN_ID, "KILLED", "checkpoints/step-000000004096", notebook=True)
     papermill = re.search(r"-y \"([^\"]+)\"", err)
     assert papermill, err
     overrides = yaml.safe_load(papermill.group(1))["overrides"]

@@ -88,11 +88,12 @@ class Interruption:
             raise TrainingInterrupted(signum, f"{name} received twice: stopped immediately")
         self.signum = signum
         self.received_at = time.monotonic()
-        print(
-            f"\nworkbench: {name} received: stopping after the current step and saving a "
-            "checkpoint (send it again to stop immediately)",
-            file=sys.stderr, flush=True,
-        )
+        if "ipykernel" not in sys.modules:  # a notebook gets one line, when the run has stopped
+            print(
+                f"\nworkbench: {name} received: stopping after the current step and saving a "
+                "checkpoint (send it again to stop immediately)",
+                file=sys.stderr, flush=True,
+            )
 
     def error(self, detail: str = "") -> TrainingInterrupted:
         """The exception that ends training after a requested stop."""

@@ -55,6 +55,7 @@ from workbench.training.describe import default_run_name, run_params, run_tags_f
 from workbench.training.faults import (
     HeldSignals,
     Interruption,
+    TrainingInterrupted,
     interrupt_reason,
     release_accelerator,
 )
@@ -227,8 +228,14 @@ def open_run(setup: RunSetup, start: Start) -> Iterator[TrainingRun]:
         saved = save_last_good(training.recovery if training else None, write=not forced)
         writer.set_tag(run_id, "error", interrupt_reason(exc))
         writer.set_terminated(run_id, "KILLED")
-        print_stopped(store_id(writer, run_id), "KILLED", saved,
-                      notebook=from_notebook(setup))
+        line = stopped_line(store_id(writer, run_id), "KILLED", saved,
+                            notebook=from_notebook(setup))
+        if from_notebook(setup) and isinstance(exc, TrainingInterrupted):
+            # The notebook's one line: workbench.notebook.short_errors shows the exception's
+            # message where a traceback would be, so it says where to resume from too.
+            exc.args = (f"{exc}; {line}",)
+        else:
+            print(f"workbench: {line}", file=sys.stderr, flush=True)
         raise
     except BaseException as exc:
         held.hold()
@@ -236,8 +243,9 @@ def open_run(setup: RunSetup, start: Start) -> Iterator[TrainingRun]:
         error = scrub_command(f"{type(exc).__name__}: {exc}")
         writer.set_tag(run_id, "error", truncate(error, ERROR_TAG_LIMIT))
         writer.set_terminated(run_id, "FAILED")
-        print_stopped(store_id(writer, run_id), "FAILED", saved,
-                      notebook=from_notebook(setup))
+        print("workbench: " + stopped_line(store_id(writer, run_id), "FAILED", saved,
+                                           notebook=from_notebook(setup)),
+              file=sys.stderr, flush=True)
         raise
     finally:
         try:
@@ -304,12 +312,12 @@ def close_envs(*venvs: VecEnv | None) -> None:
             print(f"warning: closing environments failed: {exc}", file=sys.stderr)
 
 
-def print_stopped(run_id: str, status: str, saved: str | None, *, notebook: bool = False
-                  ) -> None:
+def stopped_line(run_id: str, status: str, saved: str | None, *, notebook: bool = False
+                 ) -> str:
     """Where a stopped run's state is and how to continue it, in the form of what started it
     (the ``workbench train`` command, or the notebook's ``overrides`` parameter)."""
     how = (f'overrides = ["resume={run_id}"] in the notebook\'s parameters (papermill: '
            f'-y "overrides: [resume={run_id}]")' if notebook
            else f"workbench train resume={run_id}")
     where = f"checkpoint {saved}; resume with: {how}" if saved else "no checkpoint written"
-    print(f"workbench: run {run_id} {status}; {where}", file=sys.stderr, flush=True)
+    return f"run {run_id} {status}; {where}"
