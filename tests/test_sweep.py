@@ -283,6 +283,8 @@ def test_a_point_with_a_bad_parameter_fails_alone(store: Path) -> None:
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("workbench: 1 of 2 points did not finish: halfcheetah-ne1-ns64-s0 "
                            "(ConfigError: algo.batch_size=128 is larger than one rollout")
+    # Said when it happens and in the last line, not a third time under the table.
+    assert (proc.stdout + proc.stderr).count("ConfigError: algo.batch_size=128") == 2
 
     runs = {r.info.run_name: r for r in runs_of("child")}
     assert runs["halfcheetah-ne2-ns64-s0"].info.status == "FINISHED"

@@ -266,13 +266,12 @@ def results_table(outcomes: Sequence[PointOutcome]) -> str:
 
 
 def print_results(result: SweepResult, plan: SweepPlan) -> None:
-    """The final table, the failures, and where to look."""
+    """The final table and where to look. A failure's error is printed twice in all: on its
+    point's line when it happens, and in the command's last line (workbench.cli)."""
     print(f"\nSweep {result.sweep_id}: {result.status} in {result.wall_s:.0f} s")
     print("=" * 72)
     print(results_table(result.outcomes))
     print("=" * 72)
-    for outcome in result.failures:
-        print(f"{outcome.status} {outcome.point}: {outcome.error}")
     print(f"executed notebooks : {result.out_dir}/<point>.ipynb")
     print(f"MLflow             : parent run {result.parent_run_id} in experiment "
           f"{plan.experiment!r} ({redact_uri(plan.tracking_uri)}); "
