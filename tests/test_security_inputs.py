@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from workbench import config
+from workbench import cli, config
 from workbench.config import ConfigError
 
 from .conftest import TINY, run_cli
@@ -415,3 +415,15 @@ def test_a_point_held_by_another_sweep_is_skipped_not_run(tmp_path: Path) -> Non
     assert outcome.status == SKIPPED and outcome.ok
     assert outcome.note is not None and "another `workbench sweep` of demo-1" in outcome.note
     assert not (tmp_path / "nowhere").exists()  # the store was not even asked
+
+
+def test_an_error_quoting_a_huge_value_stays_a_readable_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A 120,000-character override that does not parse: the line names the input at its
+    start and the fix at its end, with the middle of the value left out."""
+    hostile = "tracking.run_name=" + "token=" * 20000
+    assert cli.main(["train", hostile]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) <= cli.MAX_ERROR_LENGTH + len("workbench: error: \n")
+    assert err.startswith("workbench: error: override 'tracking.run_name=token=token")
+    assert "characters left out ...]" in err and err.rstrip().endswith("e.g. seed=3")

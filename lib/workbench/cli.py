@@ -318,6 +318,19 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
+MAX_ERROR_LENGTH = 1000  # characters of an error line; a quoted value beyond is cut
+
+
+def shortened(line: str, limit: int = MAX_ERROR_LENGTH) -> str:
+    """``line`` within ``limit`` characters: its middle left out (the start names the input,
+    the end says the fix), saying how much."""
+    if len(line) <= limit:
+        return line
+    left = f" [... {len(line) - limit} characters left out ...] "
+    keep = (limit - len(left)) // 2
+    return line[:keep] + left + line[-keep:]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``workbench`` command; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -336,8 +349,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args, run = parse(argv)
         return int(run(args))
     except (ConfigError, BadInput) as exc:
-        # One line, whatever the message quotes (a run's name, a tag read from a store).
-        print(f"workbench: error: {printable(str(exc))}", file=sys.stderr)
+        # One line, whatever the message quotes (a run's name, a tag read from a store), and
+        # a readable one, however long the value it quotes.
+        print(f"workbench: error: {shortened(printable(str(exc)))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as exc:
         print("workbench: interrupted", file=sys.stderr)
