@@ -293,7 +293,7 @@ def test_torch_pin_is_the_one_the_environment_file_and_container_use() -> None:
     assert "--extra-index-url https://download.pytorch.org/whl/cu126" in environment
     assert f"-e .[{','.join(makefile_extras())}]" in environment
     assert "-r requirements/lock.txt" in environment
-    assert "make kernel VENV=$CONDA_PREFIX" in environment
+    assert "make kernel git-filter VENV=$CONDA_PREFIX" in environment
     assert "  - python=3.11\n" in environment  # the lock's Python
     assert "by pip-compile with Python 3.11\n" in LOCK.read_text()
 
