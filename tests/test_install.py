@@ -168,7 +168,10 @@ def stand_ins(tmp_path: Path, smi: str | None) -> tuple[dict[str, str], Path, Pa
     for tool in (python, tools / "nvidia-smi"):
         if tool.exists():
             tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
-    env = {**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}",
+           # Not a git work tree: make setup's git-filter step (tests/test_manifest.py runs
+           # it in a scratch repository) must not point this checkout's filter at the stand-in.
+           "GIT_DIR": str(tmp_path / "no-repository")}
     return env, venv, log
 
 
