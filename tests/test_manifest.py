@@ -258,7 +258,8 @@ def test_notebook_outputs_leave_tree_clean_with_repo_filter(tmp_path: Path) -> N
     notebook.write_text((ROOT / "notebooks" / "train.ipynb").read_text())
     subprocess.run(["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), "-C", str(repo),
                     "git-filter", f"PY={sys.executable}"], check=True, capture_output=True,
-                   timeout=120)
+                   timeout=120, env={k: v for k, v in os.environ.items()
+                                     if k not in manifest.GIT_LOCATION_VARS})
     git_out(repo, "add", ".")
     git_out(repo, "commit", "-q", "-m", "notebooks")
     cells = json.loads(notebook.read_text())
