@@ -39,7 +39,7 @@ ARGS ?=
 # Jupyter refuses to run as root without this flag (containers, CI machines run as root).
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: deps setup kernel gl-libs lock demo test test-unit test-slow test-all lint typecheck ui lab bench gpu-check \
+.PHONY: deps setup kernel git-filter gl-libs lock demo test test-unit test-slow test-all lint typecheck ui lab bench gpu-check \
 	clean help server server-stop report
 
 help:
@@ -71,10 +71,26 @@ $(STAMP): $(DEPS_STAMP) pyproject.toml
 	@$(call pip_install,-e '.[$(EXTRAS)]')
 	"$(PY)" -m pip check
 	"$(PY)" -m $(KERNEL) >/dev/null
+	@$(MAKE) --no-print-directory git-filter
 	@touch $@
 
 kernel:
 	"$(PY)" -m $(KERNEL)
+
+# Notebooks are committed without outputs: .gitattributes routes *.ipynb through nbstripout's
+# git filter, and this registers the filter in the checkout's .git/config (outside a git work
+# tree, e.g. a container build, there is nothing to do). Git then sees a notebook whose only
+# change is outputs as unchanged: a JupyterLab session leaves runs' manifests clean
+# (docs/tracking.md#the-manifest). Two settings differ from nbstripout's: cell ids are kept (the
+# tests and papermill name cells by id), and the filter is not required, so a checkout whose
+# .venv is gone or mounted elsewhere (a container) still answers `git status` and the manifest
+# keeps its commit (a notebook with outputs then merely shows as modified).
+NBSTRIPOUT = "$(abspath $(PY))" -m nbstripout
+git-filter:
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+	  $(NBSTRIPOUT) --install --attributes .gitattributes && \
+	  git config filter.nbstripout.clean '$(NBSTRIPOUT) --keep-id' && \
+	  { git config --unset filter.nbstripout.required || true; }; fi
 
 # Off-screen rendering for rollout videos (docs/videos.md): Mesa's EGL and, as the fallback,
 # OSMesa, from Debian/Ubuntu's packages when missing (root only; otherwise the command to run

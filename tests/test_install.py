@@ -168,7 +168,10 @@ def stand_ins(tmp_path: Path, smi: str | None) -> tuple[dict[str, str], Path, Pa
     for tool in (python, tools / "nvidia-smi"):
         if tool.exists():
             tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
-    env = {**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}",
+           # Not a git work tree: make setup's git-filter step (tests/test_manifest.py runs
+           # it in a scratch repository) must not point this checkout's filter at the stand-in.
+           "GIT_DIR": str(tmp_path / "no-repository")}
     return env, venv, log
 
 
@@ -293,7 +296,7 @@ def test_torch_pin_is_the_one_the_environment_file_and_container_use() -> None:
     assert "--extra-index-url https://download.pytorch.org/whl/cu126" in environment
     assert f"-e .[{','.join(makefile_extras())}]" in environment
     assert "-r requirements/lock.txt" in environment
-    assert "make kernel VENV=$CONDA_PREFIX" in environment
+    assert "make kernel git-filter VENV=$CONDA_PREFIX" in environment
     assert "  - python=3.11\n" in environment  # the lock's Python
     assert "by pip-compile with Python 3.11\n" in LOCK.read_text()
 

@@ -99,10 +99,11 @@ def assert_manifest_schema(d: Mapping[str, Any]) -> None:
         assert cuda["device_count"] == 0
 
     git = d["git"]
-    assert set(git) == {"commit", "branch", "dirty", "remote"}
+    assert set(git) == {"commit", "branch", "dirty", "dirty_files", "remote"}
     assert git["commit"] is None or re.fullmatch(r"[0-9a-f]{40}", git["commit"]), git
     assert _optional(git["branch"], str) and _optional(git["remote"], str)
-    assert _optional(git["dirty"], bool)
+    assert _optional(git["dirty"], bool) and _optional(git["dirty_files"], list)
+    assert git["dirty"] is (None if git["dirty_files"] is None else bool(git["dirty_files"]))
 
     run = d["run"]
     assert run["started_by"] in RUN_STARTERS, run
@@ -172,7 +173,7 @@ def test_outside_a_git_work_tree_git_is_null(tmp_path: Path,
     # A GIT_DIR inherited from a shell or hook must not be mistaken for the project's repo.
     monkeypatch.setenv("GIT_DIR", str(ROOT / ".git"))
     assert manifest.collect_git(tmp_path) == {
-        "commit": None, "branch": None, "dirty": None, "remote": None,
+        "commit": None, "branch": None, "dirty": None, "dirty_files": None, "remote": None,
     }
     env = {k: v for k, v in os.environ.items() if k != "GIT_DIR"}
     env["WORKBENCH_ROOT"] = str(tmp_path)  # the "checkout" is a plain folder
@@ -208,6 +209,7 @@ def test_dirty_tree_state_and_diff(dirty_repo: Path) -> None:
         "commit": git_out(dirty_repo, "rev-parse", "HEAD"),
         "branch": "main",
         "dirty": True,
+        "dirty_files": ["policy.py"],
         "remote": "https://example.com/o/r.git",
     }
     diff = manifest.git_diff(dirty_repo)
@@ -222,6 +224,58 @@ def test_dirty_tree_state_and_diff(dirty_repo: Path) -> None:
     (dirty_repo / "change.diff").write_text(diff)
     git_out(dirty_repo, "apply", "change.diff")
     assert (dirty_repo / "policy.py").read_text() == "LR = 1e-3\n"
+
+
+def test_dirty_files_named_in_manifest_and_tag(dirty_repo: Path) -> None:
+    # Staged, unstaged, moved (both names) and spaced paths are named; untracked files not.
+    (dirty_repo / "train loop.py").write_text("STEPS = 1\n")
+    (dirty_repo / "old.py").write_text("X = 1\n")
+    git_out(dirty_repo, "add", "train loop.py", "old.py")
+    git_out(dirty_repo, "commit", "-q", "-m", "more")
+    (dirty_repo / "train loop.py").write_text("STEPS = 2\n")
+    git_out(dirty_repo, "mv", "old.py", "new.py")
+    git = manifest.collect_git(dirty_repo)
+    assert git["dirty"] is True
+    assert git["dirty_files"] == ["new.py", "old.py", "policy.py", "train loop.py"]
+    tags = manifest.headline_tags({**manifest.collect_manifest(root=dirty_repo), "git": git})
+    assert tags["git_dirty"] == "true"
+    assert tags["git_dirty_files"] == "4 files: new.py, old.py, policy.py, ..."
+    assert manifest.dirty_summary(["a", "b", "c", "d"]) == "4 files: a, b, c, ..."
+    git_out(dirty_repo, "commit", "-q", "-am", "clean")
+    clean = manifest.collect_git(dirty_repo)
+    assert (clean["dirty"], clean["dirty_files"]) == (False, [])
+
+
+def test_notebook_outputs_leave_tree_clean_with_repo_filter(tmp_path: Path) -> None:
+    """A JupyterLab session saves outputs into a committed notebook: with the repository's
+    .gitattributes and `make git-filter` (as `make setup` runs it), git and the manifest see
+    no change; a changed cell source still is one."""
+    repo = tmp_path / "repo"
+    (repo / "notebooks").mkdir(parents=True)
+    git_out(repo, "init", "-q", "-b", "main")
+    (repo / ".gitattributes").write_text((ROOT / ".gitattributes").read_text())
+    notebook = repo / "notebooks" / "train.ipynb"
+    notebook.write_text((ROOT / "notebooks" / "train.ipynb").read_text())
+    subprocess.run(["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), "-C", str(repo),
+                    "git-filter", f"PY={sys.executable}"], check=True, capture_output=True,
+                   timeout=120, env={k: v for k, v in os.environ.items()
+                                     if k not in manifest.GIT_LOCATION_VARS})
+    git_out(repo, "add", ".")
+    git_out(repo, "commit", "-q", "-m", "notebooks")
+    cells = json.loads(notebook.read_text())
+    first_code = next(c for c in cells["cells"] if c["cell_type"] == "code")
+    first_code["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["x" * 1000]}]
+    first_code["execution_count"] = 7
+    notebook.write_text(json.dumps(cells, indent=1))
+    git = manifest.collect_git(repo)
+    assert (git["dirty"], git["dirty_files"]) == (False, []), git
+    assert manifest.git_diff(repo) is None
+    first_code["source"] = ["seed = 5\n"]
+    notebook.write_text(json.dumps(cells, indent=1))
+    git = manifest.collect_git(repo)
+    assert (git["dirty"], git["dirty_files"]) == (True, ["notebooks/train.ipynb"])
+    diff = manifest.git_diff(repo)
+    assert diff is not None and "seed = 5" in diff and "x" * 1000 not in diff
 
 
 def test_record_manifest_notebook_run_info_into_store(store: Path, dirty_repo: Path) -> None:
@@ -250,6 +304,8 @@ def test_record_manifest_notebook_run_info_into_store(store: Path, dirty_repo: P
     assert artifacts == {"manifest.json", "git.diff"}
     tags = client.get_run(run_id).data.tags
     assert tags["git_dirty"] == "true" and tags["git_commit"] == stored["git"]["commit"]
+    assert tags["git_dirty_files"] == "1 file: policy.py"
+    assert stored["git"]["dirty_files"] == ["policy.py"]
     assert tags["gpu"] == "set-by-caller"  # a tag the caller set on purpose is kept
     assert tags["torch"] == metadata.version("torch")
 

@@ -172,6 +172,16 @@ class Point:
         return self.runs[0].num_envs
 
     @property
+    def seeds(self) -> int:
+        """Distinct seeds among the runs (a rerun of a seed is not another seed)."""
+        return distinct_seeds(self.runs)
+
+    @property
+    def runs_text(self) -> str:
+        """``3 seeds``, or ``4 runs of 1 seed`` when seeds repeat (see :func:`runs_text`)."""
+        return runs_text(self.runs)
+
+    @property
     def n_steps(self) -> int | None:
         return self.runs[0].n_steps
 
@@ -219,6 +229,19 @@ class Point:
         reward, wall = self.reward_mean, self.mean("summary/wall_time_s")
         return (self.diverged, not self.finished, -reward if not math.isnan(reward) else math.inf,
                 wall if not math.isnan(wall) else math.inf, self.label)
+
+
+def distinct_seeds(runs: Sequence[RunRecord]) -> int:
+    """How many different seeds ``runs`` trained with; a run without one counts as its own."""
+    return len({run.seed if run.seed is not None else run.run_id for run in runs})
+
+
+def runs_text(runs: Sequence[RunRecord]) -> str:
+    """``1 seed``, ``3 seeds``; ``4 runs of 1 seed`` or ``5 runs of 3 seeds`` when runs
+    repeat a seed: four runs of seed 0 are one seed's spread, not four seeds'."""
+    seeds = distinct_seeds(runs)
+    counted = f"{seeds} seed{'' if seeds == 1 else 's'}"
+    return counted if seeds == len(runs) else f"{len(runs)} runs of {counted}"
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,35 @@ SWEEP_ID, SWEEP_ROLE, SWEEP_POINT = "sweep_id", "sweep.role", "sweep.point"  # s
 RAY_NODE_ID, RAY_NODE_IP, RAY_HOSTNAME = "ray.node_id", "ray.node_ip", "ray.hostname"
 
 
+# How each part of a selection is spelled: the CLI's flag, the compare notebook's parameter.
+FLAGS = {"sweep_id": "--sweep", "experiment": "--experiment", "run_ids": "--runs"}
+
+
+class SelectionError(ConfigError):
+    """Nothing in the store matches one part of a selection.
+
+    ``str()`` is the CLI's line (``--sweep x: ...; sweeps (latest first): a, b``);
+    :meth:`notebook_line` says the same with the compare notebook's parameter names
+    (``sweep_id='x': ...; set sweep_id to one of a, b``).
+    """
+
+    def __init__(self, field: str, value: str, problem: str, choices: Sequence[str],
+                 kind: str, *, cli_problem: str | None = None) -> None:
+        self.field, self.value, self.problem = field, value, problem
+        self.choices, self.kind = tuple(choices), kind
+        if self.choices:
+            hint = f"{kind}: {', '.join(self.choices)}"
+        else:
+            hint = f"no {kind.split()[0]} there"
+        super().__init__(f"{FLAGS[field]} {value}: {cli_problem or problem}; {hint}")
+
+    def notebook_line(self) -> str:
+        """The same problem, naming the notebook's parameter and what to set it to."""
+        fix = (f"set {self.field} to one of {', '.join(self.choices)}" if self.choices
+               else f"the store has no {self.kind.split()[0]}")
+        return f"{self.field}={self.value!r}: {self.problem}; {fix}"
+
+
 @dataclass(frozen=True)
 class Selection:
     """Which runs a report shows: one sweep, one experiment, explicit ids, and/or tags."""
@@ -165,9 +194,9 @@ def find_runs(client: MlflowClient, selection: Selection, store: str
     if selection.experiment:
         found = client.get_experiment_by_name(selection.experiment)
         if found is None:
-            names = ", ".join(sorted(e.name for e in client.search_experiments()))
-            raise ConfigError(f"--experiment {selection.experiment}: no such experiment in "
-                              f"{store}; experiments: {names or 'none'}")
+            names = sorted(e.name for e in client.search_experiments())
+            raise SelectionError("experiment", selection.experiment,
+                                 f"no such experiment in {store}", names, "experiments")
         experiment_ids = [found.experiment_id]
     if selection.run_ids:
         runs = [get_run(client, run_id, store) for run_id in selection.run_ids]
@@ -178,6 +207,11 @@ def find_runs(client: MlflowClient, selection: Selection, store: str
     parents = [r for r in runs if r.data.tags.get(SWEEP_ROLE) == "parent"]
     parent = parents[0] if parents and selection.sweep_id else None
     runs = [r for r in runs if r.data.tags.get(SWEEP_ROLE) != "parent"]
+    if not runs and selection.sweep_id and not selection.tags:
+        raise SelectionError(
+            "sweep_id", selection.sweep_id, f"no such sweep in {store}",
+            known_sweeps(client, experiment_ids), "sweeps (latest first)",
+            cli_problem=f"no runs with tag sweep_id={selection.sweep_id} in {store}")
     if not runs:
         raise ConfigError(no_runs_message(client, selection, experiment_ids, store))
     return selection, runs, parent

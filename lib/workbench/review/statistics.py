@@ -19,6 +19,7 @@ Everything here is plain numpy/scipy on values already loaded: no MLflow, no mat
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +35,46 @@ MIN_PROFILE_RUNS = 3  # performance profiles need at least this many seeds per p
 EVAL_KEY = "eval/mean_reward"
 TRAINING_KEY = "rollout/ep_rew_mean"  # when a run logged no periodic evaluation
 FINAL_KEY = "summary/eval_mean_reward"
+
+
+# --------------------------------------------------------------------------- mean curves
+
+
+@dataclass(frozen=True)
+class MeanCurve:
+    """A point's metric over its runs: mean and std at each step, and how many runs reach it."""
+
+    steps: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray  # population std over the runs at that step (0 with one)
+    runs: np.ndarray  # int: runs that logged up to (at least) that step
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+def mean_curve(series: Sequence[Series]) -> MeanCurve:
+    """Mean ± std of ``series`` (one per run) at every logged step, over the runs reaching it.
+
+    A run stopped early (killed, failed, a smaller budget) counts up to its last step and
+    not after: the curve goes on with the others instead of ending where the shortest run
+    ended. Runs logging at different steps are interpolated within their own range; the
+    ``runs`` count says where fewer runs make the mean.
+    """
+    usable = [s for s in series if len(s)]
+    if not usable:
+        empty = np.zeros(0)
+        return MeanCurve(empty, empty, empty, np.zeros(0, dtype=int))
+    grid = np.unique(np.concatenate([s.steps for s in usable])).astype(float)
+    stacked = np.full((len(usable), len(grid)), np.nan)
+    for row, s in zip(stacked, usable, strict=True):
+        steps = np.asarray(s.steps, dtype=float)
+        inside = (grid >= steps[0]) & (grid <= steps[-1])
+        row[inside] = np.interp(grid[inside], steps, np.asarray(s.values, dtype=float))
+    runs = np.sum(~np.isnan(stacked), axis=0)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a step no finite value reached
+        return MeanCurve(grid, np.nanmean(stacked, axis=0), np.nanstd(stacked, axis=0), runs)
 
 
 # --------------------------------------------------------------------------- IQM, bootstrap

@@ -17,7 +17,8 @@ Schema (docs/tracking.md; ``tests/test_manifest.py:assert_manifest_schema`` chec
                   board (device-tree model, e.g. a Jetson), gpus [{index, name, memory_bytes,
                   driver, uuid, compute_capability}] ([] without a GPU)
     cuda          torch_cuda, cudnn, driver, driver_cuda, available, device_count
-    git           commit, branch, dirty, remote (all null outside a git work tree)
+    git           commit, branch, dirty, dirty_files (tracked files with uncommitted changes,
+                  as git sees them), remote (all null outside a git work tree)
     run           started_by, command, argv, notebook, papermill_parameters, overrides, seed,
                   hostname, user, cwd, deterministic, environment, run_id, plus whatever else
                   the caller passed as ``run_info``
@@ -313,17 +314,23 @@ def _driver_cuda_version() -> str | None:
 
 
 def collect_git(root: Path) -> dict[str, Any]:
-    """Commit, branch, dirty state and remote of the checkout at ``root``; nulls outside one.
+    """Commit, branch, dirty state and files, and remote of the checkout at ``root``.
 
-    ``dirty`` covers tracked files only (like ``git describe --dirty``); untracked files are
-    not code that ran unless imported, and ``git.diff`` could not carry them safely anyway.
+    All null outside a git work tree. ``dirty`` covers tracked files only (like ``git
+    describe --dirty``); untracked files are not code that ran unless imported, and
+    ``git.diff`` could not carry them safely anyway. ``dirty_files`` names them (paths from
+    the repository root, sorted). Git's own view decides: a file whose change a clean filter
+    undoes (a notebook whose only change is outputs, with the repository's nbstripout filter)
+    is not dirty.
     """
-    status = _git(root, "status", "--porcelain=v2", "--branch", "--untracked-files=no")
+    status = _git(root, "status", "--porcelain=v2", "--branch", "--untracked-files=no", "-z")
     if status is None:
-        return {"commit": None, "branch": None, "dirty": None, "remote": None}
+        return {"commit": None, "branch": None, "dirty": None, "dirty_files": None,
+                "remote": None}
     commit = branch = None
-    dirty = False
-    for line in status.splitlines():
+    files: set[str] = set()
+    entries = iter(status.split("\0"))
+    for line in entries:
         if line.startswith("# branch.oid "):
             oid = line.split()[2]
             commit = None if oid == "(initial)" else oid
@@ -331,15 +338,48 @@ def collect_git(root: Path) -> dict[str, Any]:
             head = line.split()[2]
             branch = None if head == "(detached)" else head
         elif line and not line.startswith("#"):
-            dirty = True
+            files.add(_status_path(line))
+            if line.startswith("2 "):  # a rename or copy: its original path comes next
+                next(entries, None)
+    if files and commit is not None:
+        files = _changed_files(root, files)
     remote = _git(root, "config", "--get", f"branch.{branch}.remote") if branch else None
     url = _git(root, "remote", "get-url", (remote or "origin").strip())
     return {
         "commit": commit,
         "branch": branch,
-        "dirty": dirty,
+        "dirty": bool(files),
+        "dirty_files": sorted(files),
         "remote": remote_without_credentials(url.strip()) if url else None,
     }
+
+
+def _changed_files(root: Path, candidates: set[str]) -> set[str]:
+    """Tracked files whose content differs from HEAD, as ``git diff`` compares them.
+
+    ``git status`` calls a file modified when its size changed, before any clean filter runs
+    (a notebook saved with outputs); ``git diff`` compares the filtered content. It is asked
+    only when status found something, so a clean tree costs one git call.
+    """
+    names = _git(root, "diff", "HEAD", "--name-only", "--no-renames", "--no-ext-diff",
+                 "--no-textconv", "-z")
+    return candidates if names is None else {n for n in names.split("\0") if n}
+
+
+# Fields before the path in ``git status --porcelain=v2`` entries: changed (1), renamed or
+# copied (2), unmerged (u).
+STATUS_FIELDS = {"1": 8, "2": 9, "u": 10}
+
+
+def _status_path(entry: str) -> str:
+    """The path of one ``--porcelain=v2 -z`` status entry (paths may hold spaces)."""
+    return entry.split(" ", STATUS_FIELDS.get(entry[:1], 1))[-1]
+
+
+def dirty_summary(files: Sequence[str], shown: int = 3) -> str:
+    """``2 files: a.py, notebooks/x.ipynb`` (the first ``shown`` names, then ``...``)."""
+    names = ", ".join(files[:shown]) + (", ..." if len(files) > shown else "")
+    return f"{len(files)} file{'' if len(files) == 1 else 's'}: {names}"
 
 
 def git_diff(root: Path) -> str | None:
@@ -484,6 +524,7 @@ def headline_tags(manifest: Mapping[str, Any]) -> dict[str, str]:
         "git_commit": git["commit"],
         "git_branch": git["branch"],
         "git_dirty": None if git["dirty"] is None else str(git["dirty"]).lower(),
+        "git_dirty_files": dirty_summary(git["dirty_files"]) if git.get("dirty_files") else None,
     }
     return {k: str(v) for k, v in tags.items() if v is not None}
 
