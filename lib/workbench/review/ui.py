@@ -5,7 +5,7 @@ URL is printed once the server answers. Ctrl-C or SIGTERM stops the whole group 
 workers, MLflow's job runner) quietly, so the port is free when the command returns.
 
 ``--meeting`` prints a link to a view of the runs table made for a projector: finished runs
-(or ``--filter``), best reward first, the reward and the grid (env, num_envs, n_steps, seed)
+(or ``--filter``), best reward first, the reward and the grid (num_envs, n_steps, seed, env)
 as columns, the run names wide enough to tell apart. MLflow's URL carries the filter and the
 sort but not the columns, so the view is stored the way MLflow's own "Share" button stores
 one: as an experiment tag ``mlflow.sharedViewState.<key>`` that ``?viewStateShareKey=<key>``
@@ -46,7 +46,7 @@ MEETING_FILTER = "attributes.status = 'FINISHED'"
 MEETING_VIEW_KEY = "workbench-meeting"
 SHARED_VIEW_TAG = "mlflow.sharedViewState."  # + key: MLflow's UI reads a shared view from it
 REWARD_METRIC = "summary/eval_mean_reward"  # the final deterministic evaluation
-GRID_TAGS = ("env", "num_envs", "n_steps", "seed")
+GRID_TAGS = ("num_envs", "n_steps", "seed")  # then the env: the run names carry it too
 RUN_NAME_COLUMN = "attributes.`Run Name`"
 CREATED_COLUMN, DURATION_COLUMN = "runDateAndNestInfo", "duration"
 RUN_NAME_WIDTH_PX = 270  # "inverted_pendulum-ne16-ns1024-s2" in full (MLflow's default: 190)
@@ -81,7 +81,7 @@ def meeting_view(search_filter: str) -> dict[str, Any]:
     """
     reward = column("metrics", REWARD_METRIC)
     grid = [column("tags", tag) for tag in GRID_TAGS]
-    columns = [reward, *grid, column("metrics", "summary/fps"),
+    columns = [reward, *grid, column("tags", "env"), column("metrics", "summary/fps"),
                column("metrics", "summary/wall_time_s")]
     return {
         "searchFilter": search_filter, "orderByKey": reward, "orderByAsc": False,
@@ -91,7 +91,7 @@ def meeting_view(search_filter: str) -> dict[str, Any]:
         # "Created" stays pinned next to the name; "Duration" moves after the chosen columns.
         "columnOrder": [RUN_NAME_COLUMN, CREATED_COLUMN, *columns, DURATION_COLUMN],
         "columnWidths": {RUN_NAME_COLUMN: RUN_NAME_WIDTH_PX, reward: 200,
-                         **{name: 110 for name in grid}},
+                         **{name: 100 for name in grid}},
     }
 
 
