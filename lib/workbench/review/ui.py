@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -49,7 +50,10 @@ REWARD_METRIC = "summary/eval_mean_reward"  # the final deterministic evaluation
 GRID_TAGS = ("num_envs", "n_steps", "seed")  # then the env: the run names carry it too
 RUN_NAME_COLUMN = "attributes.`Run Name`"
 CREATED_COLUMN, DURATION_COLUMN = "runDateAndNestInfo", "duration"
-RUN_NAME_WIDTH_PX = 270  # "inverted_pendulum-ne16-ns1024-s2" in full (MLflow's default: 190)
+# The run name column: wide enough for the longest name shown (MLflow's default, 190 px, cuts
+# a grid on inverted_pendulum to identical "inverted_pendul..."), within bounds.
+NAME_PX_PER_CHAR, NAME_PADDING_PX, NAME_WIDTH_PX = 6.2, 50, (190, 400)
+MEETING_RUNS_MEASURED = 1000  # names measured for the width: the first runs the view shows
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,11 +77,19 @@ def column(kind: str, name: str) -> str:
     return f"{kind}.`{name}`"
 
 
-def meeting_view(search_filter: str) -> dict[str, Any]:
+def name_width_px(names: Sequence[str]) -> int:
+    """The run name column's width for whole ``names`` in MLflow's table (12 px font; the
+    padding holds the run's color dot)."""
+    longest = max((len(name) for name in names), default=0)
+    low, high = NAME_WIDTH_PX
+    return int(min(high, max(low, NAME_PADDING_PX + NAME_PX_PER_CHAR * longest)))
+
+
+def meeting_view(search_filter: str, names: Sequence[str] = ()) -> dict[str, Any]:
     """MLflow's runs-table view state for a review on a projector.
 
     The search facets (filter, sort) and the table's columns, their order and widths, in the
-    form MLflow's UI saves a shared view in.
+    form MLflow's UI saves a shared view in; ``names`` are the run names it shows.
     """
     reward = column("metrics", REWARD_METRIC)
     grid = [column("tags", tag) for tag in GRID_TAGS]
@@ -90,18 +102,19 @@ def meeting_view(search_filter: str) -> dict[str, Any]:
         "selectedColumns": columns,
         # "Created" stays pinned next to the name; "Duration" moves after the chosen columns.
         "columnOrder": [RUN_NAME_COLUMN, CREATED_COLUMN, *columns, DURATION_COLUMN],
-        "columnWidths": {RUN_NAME_COLUMN: RUN_NAME_WIDTH_PX, reward: 200,
+        "columnWidths": {RUN_NAME_COLUMN: name_width_px(names), reward: 200,
                          **{name: 100 for name in grid}},
     }
 
 
-def meeting_link(client: Any, base: str, experiment_id: str, search_filter: str) -> str:
+def meeting_link(client: Any, base: str, experiment_id: str, search_filter: str,
+                 names: Sequence[str] = ()) -> str:
     """The link to the meeting view of the experiment's runs table.
 
     The view is stored as the experiment's shared-view tag; where the store refuses it (a
     team experiment without MANAGE), the link carries the filter and the sort only.
     """
-    view = meeting_view(search_filter)
+    view = meeting_view(search_filter, names)
     query = {"searchFilter": search_filter, "orderByKey": view["orderByKey"],
              "orderByAsc": "false"}
     with contextlib.suppress(Exception):
@@ -111,16 +124,19 @@ def meeting_link(client: Any, base: str, experiment_id: str, search_filter: str)
     return f"{ui_link(base, experiment_id)}&{urlencode(query)}"
 
 
-def check_filter(client: Any, experiment_id: str, search_filter: str) -> None:
-    """A filter MLflow cannot parse is bad input, reported before the server starts."""
+def meeting_run_names(client: Any, experiment_id: str, search_filter: str) -> list[str]:
+    """The names of the runs the meeting view shows first; a filter MLflow cannot parse is bad
+    input, reported before the server starts."""
     from mlflow.exceptions import MlflowException
 
     try:
-        client.search_runs([experiment_id], search_filter, max_results=1)
+        runs = client.search_runs([experiment_id], search_filter,
+                                  max_results=MEETING_RUNS_MEASURED)
     except MlflowException as exc:
         problem = str(exc.message).splitlines()[0]
         raise ConfigError(f"--filter {search_filter!r}: {problem}; give an MLflow search "
                           f"filter, e.g. \"tags.sweep_id = 'ID'\"") from None
+    return [run.info.run_name or "" for run in runs]
 
 
 def ui_command(uri: str, args: argparse.Namespace) -> list[str]:
@@ -150,8 +166,8 @@ def run_command(args: argparse.Namespace) -> int:
     search_filter = args.filter if args.filter is not None else MEETING_FILTER
     url = f"http://{args.host}:{args.port}"
     if meeting and experiment_id is not None:
-        check_filter(client, experiment_id, search_filter)
-        page = meeting_link(client, url, experiment_id, search_filter)
+        names = meeting_run_names(client, experiment_id, search_filter)
+        page = meeting_link(client, url, experiment_id, search_filter, names)
     else:
         page = ui_link(url, experiment_id)
     log = paths.experiments_dir() / "logs" / "ui.log"
