@@ -57,7 +57,7 @@ MEETING_RUNS_MEASURED = 1000  # names measured for the width: the first runs the
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    """Where the UI listens."""
+    """Where the UI listens, and what the link it prints opens."""
     parser.add_argument("--host", default=DEFAULT_HOST,
                         help=f"interface to bind (default {DEFAULT_HOST})")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT,
