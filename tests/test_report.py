@@ -16,6 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
@@ -536,3 +537,51 @@ def test_ui_serves_runs_with_descriptions_and_sweep_tags(sweep: reportdata.Sweep
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
+
+
+# The report's content width on a 1280-px-wide screen (render.CSS: body padding 1.5rem).
+CONTENT_PX_AT_1280 = 1280 - 48
+
+
+def smallest_text_px(fig: object) -> tuple[float, str]:
+    """The smallest text of a figure as a 1280-px-wide screen shows it: its size in points at
+    the figure's dpi, scaled to the width the page gives the PNG; and which text it is."""
+    import matplotlib.text
+
+    assert isinstance(fig, figures.Figure)
+    width = png_size(figures.png_bytes(fig))[0]
+    scale = min(1.0, CONTENT_PX_AT_1280 / width)
+    texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text()]
+    smallest = min(texts, key=lambda t: t.get_fontsize())
+    return smallest.get_fontsize() * figures.DPI / 72 * scale, smallest.get_text()
+
+
+def test_figures_text_reads_at_1280_px_from_the_back_of_a_room() -> None:
+    steps = np.arange(0, 5000, 500)
+    curve = [figures.Curves(f"inverted_pendulum-ne{ne}", "#1f77b4",
+                            [diagnostics.Series(steps, steps / 10.0 + ne)])
+             for ne in (2, 4, 8)]
+    cells = {(ne, ns): {"reward": ne * ns / 10, "fps": 1000.0 * ne, "wall": 100.0 / ne}
+             for ne in (2, 4, 8) for ns in (64, 128, 256)}
+    drawn = {"reward curves (2 panels)": figures.reward_figure(curve, curve),
+             "update signals (3 panels)": figures.signals_figure(
+                 curve, curve, curve, clip_max=0.3, kl_max=0.05),
+             "grid heatmaps (3 panels)": figures.grid_figure(cells, figures.GRID_METRICS)}
+    smallest = {name: smallest_text_px(fig) for name, fig in drawn.items()}
+    print({name: f"{px:.1f} px ({text!r})" for name, (px, text) in smallest.items()})
+    assert all(px >= 16 for px, _ in smallest.values()), smallest
+
+
+def test_iso_batch_lines_pass_behind_the_cell_numbers() -> None:
+    import matplotlib.colors
+
+    cells = {(ne, ns): {"reward": float(ne * ns)} for ne in (1, 2, 4) for ns in (64, 128, 256)}
+    fig = figures.grid_figure(cells, figures.GRID_METRICS[:1])
+    ax = fig.axes[0]
+    lines = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    numbers = [t for t in ax.texts if t.get_text().replace(".", "").isdigit()]
+    assert lines and len(numbers) == len(cells)
+    for number in numbers:  # drawn over every line, on an opaque patch of its cell's color
+        assert all(number.get_zorder() > line.get_zorder() for line in lines)
+        patch = number.get_bbox_patch()
+        assert patch is not None and matplotlib.colors.to_rgba(patch.get_facecolor())[3] == 1

@@ -82,3 +82,31 @@ def test_report_page_loads_every_figure_without_errors(
         Path(keep).mkdir(parents=True, exist_ok=True)
         shutil.copy(screenshot, Path(keep) / "report-screenshot.png")
     print(f"screenshot: {screenshot}")
+
+
+def test_ranking_is_on_the_first_screen_of_a_projector(
+        sweep: reportdata.Sweep, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+        browser: object) -> None:
+    """At 1280x720 the whole ranking of the four points shows before any scrolling: the table
+    follows its heading, how it is ranked comes after it."""
+    from selenium.webdriver.remote.webdriver import WebDriver
+
+    assert isinstance(browser, WebDriver)
+    proc, folder = reportdata.written_report(tmp_path_factory.getbasetemp())
+    assert proc.returncode == 0, proc.stderr
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+        "width": 1280, "height": 720, "deviceScaleFactor": 1, "mobile": False})
+    browser.get((folder / "index.html").as_uri())
+    heading, following, top, bottom = browser.execute_script(
+        "const h = [...document.querySelectorAll('h2')].find(h => h.textContent === 'Ranking');"
+        "const t = h.nextElementSibling; const r = t.getBoundingClientRect();"
+        "return [h.textContent, t.tagName, r.top, r.bottom];")
+    assert (heading, following) == ("Ranking", "TABLE")
+    assert 0 < top < bottom < 720, (top, bottom)
+    screenshot = tmp_path / "first-screen.png"
+    assert browser.save_screenshot(str(screenshot))
+    keep = os.environ.get("WORKBENCH_SCREENSHOT_DIR")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(screenshot, Path(keep) / "report-first-screen.png")
+    print(f"screenshot: {screenshot}")

@@ -1,9 +1,13 @@
 """``workbench ui`` as a user meets it: the printed link opens the runs table in a real headless
-chromium, and SIGTERM stops every process it started, quietly, freeing the port."""
+chromium, ``--meeting``'s link a view of it legible on a projector (1280x720), and SIGTERM
+stops every process it started, quietly, freeing the port.
+
+Set WORKBENCH_SCREENSHOT_DIR to keep a copy of the meeting view's screenshot."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,7 +20,13 @@ from pathlib import Path
 import psutil
 import pytest
 from mlflow.tracking import MlflowClient
-from workbench.tracking.store import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, ensure_experiment
+from workbench.review.ui import GRID_TAGS, MEETING_VIEW_KEY
+from workbench.tracking.store import (
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    ensure_experiment,
+    ui_link,
+)
 
 from .conftest import ROOT
 
@@ -33,24 +43,43 @@ class Ui:
 
     proc: subprocess.Popen[str]
     port: int
-    link: str  # the URL it printed
+    link: str  # the URL it printed (--meeting)
     run_name: str
     stderr: Path
 
 
+# A grid on an environment with a long name: MLflow's default column cuts every name to the
+# same "inverted_pendul...".
+GRID = [(num_envs, n_steps) for num_envs in (2, 8) for n_steps in (64, 256)]
+LONGEST = "mountain_car_continuous-ne16-ns1024-s0"
+
+
 @pytest.fixture(scope="module")
 def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
-    """``workbench ui`` on a store with one run in an experiment the workbench created."""
+    """``workbench ui --meeting`` on a store with a few finished runs in an experiment the
+    workbench created (names, tags and summary metrics as training logs them)."""
     root = tmp_path_factory.mktemp("ui")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     client = MlflowClient(uri)
     experiment_id = ensure_experiment(client, "workbench", uri)
     run = client.create_run(experiment_id, run_name="halfcheetah-ne2-ns64-s0")
     client.set_terminated(run.info.run_id)
+    for num_envs, n_steps in GRID:
+        tags = {"env": "inverted_pendulum", "num_envs": str(num_envs),
+                "n_steps": str(n_steps), "seed": "0"}
+        run = client.create_run(experiment_id, tags=tags,
+                                run_name=f"inverted_pendulum-ne{num_envs}-ns{n_steps}-s0")
+        client.log_metric(run.info.run_id, "summary/eval_mean_reward",
+                          100 * num_envs + n_steps / 7)
+        client.set_terminated(run.info.run_id)
+    run = client.create_run(experiment_id, run_name=LONGEST)  # the longest name a grid makes
+    client.log_metric(run.info.run_id, "summary/eval_mean_reward", 1.0)
+    client.set_terminated(run.info.run_id)
     port = free_port()
     stderr = root / "ui.err"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "WORKBENCH_EXPERIMENTS": str(root)}
-    proc = subprocess.Popen([sys.executable, "-m", "workbench", "ui", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "workbench", "ui", "--port", str(port),
+                             "--meeting"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr.open("w"),
                             text=True)
     try:
@@ -69,14 +98,69 @@ def test_the_printed_link_opens_the_runs_table(ui: Ui, browser: object) -> None:
 
     assert isinstance(browser, WebDriver)
     base = f"http://127.0.0.1:{ui.port}"
-    assert ui.link == f"{base}/#/experiments/1/runs?workflowType=machine_learning"
-    browser.get(ui.link)
+    link = ui_link(base, "1")
+    assert link == f"{base}/#/experiments/1/runs?workflowType=machine_learning"
+    browser.get(link)
     # MLflow 3 otherwise lands on the GenAI view: an empty traces overview, no runs table.
     WebDriverWait(browser, 120).until(
         lambda b: ui.run_name in b.find_element("tag name", "body").text)
     body = browser.find_element("tag name", "body").text
     assert "Detect Issues" not in body and "/overview" not in browser.current_url
     assert "matching run" in body  # the runs table's footer
+
+
+def test_the_meeting_link_opens_a_legible_runs_table(ui: Ui, browser: object,
+                                                     tmp_path: Path) -> None:
+    """At 1280x720: the training navigation, reward and grid columns, best first, full names."""
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    assert isinstance(browser, WebDriver)
+    assert ui.link == (f"http://127.0.0.1:{ui.port}/#/experiments/1/runs?workflowType="
+                       f"machine_learning&viewStateShareKey={MEETING_VIEW_KEY}")
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+        "width": 1280, "height": 720, "deviceScaleFactor": 1, "mobile": False})
+    browser.get(ui.link)
+    header = "return Array.from(document.querySelectorAll('.ag-header-cell')).map(c => " \
+             "c.getAttribute('col-id'));"
+    WebDriverWait(browser, 120).until(
+        lambda b: "metrics.`summary/eval_mean_reward`" in b.execute_script(header))
+    body = browser.find_element("tag name", "body").text
+    assert "Judges" not in body and "Sessions" not in body  # not the GenAI navigation
+    assert "shared view" in body and "Sort: summary/eval_mean_reward" in body
+    # (ag-grid renders only the columns within the screen)
+    assert browser.execute_script(header)[1:5] == [
+        "attributes.`Run Name`", "runDateAndNestInfo", "metrics.`summary/eval_mean_reward`",
+        "tags.`num_envs`"]
+    # The reward column within the screen; names in full, distinct, best reward first.
+    reward_right = browser.execute_script(
+        "const c = document.querySelector('.ag-header-cell[col-id=\"metrics.`summary/"
+        "eval_mean_reward`\"]'); return c.getBoundingClientRect().right;")
+    assert reward_right < 1280
+    names = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.ag-row "
+        "[col-id=\"attributes.`Run Name`\"] a')).map(a => [a.innerText, "
+        "a.scrollWidth <= a.clientWidth, a.getBoundingClientRect().bottom]);")
+    shown = [name for name, whole, bottom in names if bottom < 720]
+    assert shown == [f"inverted_pendulum-ne{e}-ns{s}-s0" for e, s in sorted(
+        GRID, key=lambda g: -(100 * g[0] + g[1] / 7))] + [LONGEST, ui.run_name], names
+    assert all(whole for _, whole, _ in names), names  # not cut to "inverted_pendul..."
+    # With MLflow's Assistant panel closed (once per browser, as the docs say) the grid's
+    # columns come on screen too.
+    browser.find_element(
+        "css selector", "[data-component-id='mlflow.assistant.chat_panel.close']").click()
+    WebDriverWait(browser, 30).until(lambda b: "tags.`seed`" in b.execute_script(header))
+    right = browser.execute_script(
+        "return Object.fromEntries([...document.querySelectorAll('.ag-header-cell')].map(c => "
+        "[c.getAttribute('col-id'), c.getBoundingClientRect().right]));")
+    assert all(right[f"tags.`{tag}`"] <= 1280 for tag in GRID_TAGS), right
+    screenshot = tmp_path / "meeting.png"
+    assert browser.save_screenshot(str(screenshot))
+    keep = os.environ.get("WORKBENCH_SCREENSHOT_DIR")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(screenshot, Path(keep) / "meeting-screenshot.png")
+    print(f"screenshot: {screenshot}")
 
 
 def test_experiments_it_creates_say_they_hold_training_runs(tmp_path: Path) -> None:
@@ -109,3 +193,17 @@ def test_sigterm_stops_every_process_and_frees_the_port(ui: Ui) -> None:
         probe.listen()
     err = ui.stderr.read_text()
     assert "Traceback" not in err and len(err.splitlines()) <= 3, err
+
+
+def test_a_meeting_filter_mlflow_cannot_parse_is_bad_input(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ensure_experiment(MlflowClient(uri), "workbench", uri)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "WORKBENCH_EXPERIMENTS": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "workbench", "ui", "--port", str(free_port()),
+                           "--filter", "tags.sweep_id = "], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    line, = proc.stderr.splitlines()
+    assert line.startswith("workbench: error: --filter 'tags.sweep_id = ': "), line
+    assert "e.g. \"tags.sweep_id = 'ID'\"" in line
+    assert not (tmp_path / "logs" / "ui.log").exists()  # no server was started

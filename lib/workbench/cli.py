@@ -159,7 +159,7 @@ def setup_tune(parser: argparse.ArgumentParser) -> Runner:
 
 
 def setup_ui(parser: argparse.ArgumentParser) -> Runner:
-    """``workbench ui [--host] [--port] [--workers] [OVERRIDES]``."""
+    """``workbench ui [--host] [--port] [--workers] [--meeting] [--filter EXPR] [OVERRIDES]``."""
     from workbench.review import ui
 
     ui.add_cli_arguments(parser)

@@ -20,22 +20,24 @@ from matplotlib.figure import Figure
 
 from workbench.review.diagnostics import Series
 
-# Large type and thick lines: the figures are shown on a projector in team meetings.
+# Large type and thick lines: the figures are shown on a projector in team meetings. The one
+# place for text sizes (no figure sets its own): a three-panel figure is shown at about 70 % on
+# a 1280-px-wide screen, which keeps its tick labels at 16 px and more there.
 STYLE: dict[Any, Any] = {  # rcParams keys are Literal-typed in matplotlib's stubs
-    "font.size": 15,
-    "axes.titlesize": 17,
-    "axes.labelsize": 15,
-    "legend.fontsize": 13,
-    "xtick.labelsize": 13,
-    "ytick.labelsize": 13,
-    "figure.titlesize": 19,
+    "font.size": 17,
+    "axes.titlesize": 19,
+    "axes.labelsize": 17,
+    "legend.fontsize": 16,
+    "xtick.labelsize": 17,
+    "ytick.labelsize": 17,
+    "figure.titlesize": 20,
     "lines.linewidth": 2.4,
     "axes.grid": True,
     "grid.alpha": 0.3,
     "axes.spines.top": False,
     "axes.spines.right": False,
 }
-PANEL_SIZE = (7.0, 5.2)  # inches per panel
+PANEL_SIZE = (5.6, 4.2)  # inches per panel
 DPI = 100
 # Legend entries and bar labels longer than this are cut with an ellipsis: one long label
 # (a point whose params all differ) would otherwise widen the whole figure past any screen.
@@ -70,6 +72,11 @@ class GridMetric:
     unit: str
     fmt: str  # e.g. "{:.0f}"
     higher_is_better: bool
+
+
+NO_VALUE = "#dddddd"  # a heatmap cell without a value
+ISO_BATCH_ZORDER = 3  # the dashed lines joining equal samples per update: above the cells,
+CELL_TEXT_ZORDER = 4  # below the cells' numbers
 
 
 # The heatmap panels of a report: keys of the cells report.grid_cells computes.
@@ -167,7 +174,7 @@ def draw_curves(ax: Axes, curves: Sequence[Curves], *, title: str, ylabel: str,
             ax.axhline(threshold, color="crimson", linestyle="--", linewidth=2)
             ax.annotate(f"diagnostic threshold {threshold:g}", (0.01, threshold),
                         xycoords=("axes fraction", "data"), xytext=(0, 4),
-                        textcoords="offset points", color="crimson", fontsize=12)
+                        textcoords="offset points", color="crimson")
         ax.set_title(title)
         ax.set_xlabel("environment steps")
         ax.set_ylabel(ylabel)
@@ -253,7 +260,7 @@ def draw_heatmap(ax: Axes, grid: np.ndarray, xs: Sequence[int], ys: Sequence[int
     the number of a cell (e.g. "not reached")."""
     with matplotlib.rc_context(STYLE):
         cmap = matplotlib.colormaps["viridis" if metric.higher_is_better else "viridis_r"]
-        cmap = cmap.with_extremes(bad="#dddddd")  # cells without a value: grey
+        cmap = cmap.with_extremes(bad=NO_VALUE)
         masked = np.ma.masked_invalid(grid)
         image = ax.imshow(masked, cmap=cmap, origin="lower", aspect="auto")
         finite = grid[np.isfinite(grid)]
@@ -264,23 +271,29 @@ def draw_heatmap(ax: Axes, grid: np.ndarray, xs: Sequence[int], ys: Sequence[int
             text = metric.fmt.format(value) if np.isfinite(value) else "n/a"
             text = (notes or {}).get((row, col), text)
             light = np.isfinite(value) and ((value < middle) == metric.higher_is_better)
-            ax.text(col, row, text, ha="center", va="center", fontsize=14, fontweight="bold",
-                    color="white" if light else "black")
+            # On a patch of its cell's color, above the iso-batch lines: a line through the
+            # cell stops at the number instead of crossing it.
+            cell = image.cmap(image.norm(value)) if np.isfinite(value) else NO_VALUE
+            ax.text(col, row, text, ha="center", va="center", fontweight="bold",
+                    color="white" if light else "black", zorder=CELL_TEXT_ZORDER,
+                    bbox={"boxstyle": "round,pad=0.3", "fc": cell, "ec": "none"})
         ax.set_xticks(range(len(xs)), [str(x) for x in xs])
         ax.set_yticks(range(len(ys)), [str(y) for y in ys])
         ax.set_xlabel("num_envs (parallel environments)")
-        ax.set_ylabel("n_steps (steps per env per rollout)")
+        ax.set_ylabel("n_steps (per env)")
         ax.set_title(f"{metric.title} ({metric.unit})")
         ax.grid(False)
 
 
 def draw_iso_batch(ax: Axes, cells: Mapping[tuple[int, int], object], xs: Sequence[int],
                    ys: Sequence[int]) -> None:
-    """Dashed lines through grid cells with equal num_envs * n_steps, labelled by that size."""
+    """Dashed lines through grid cells with equal num_envs * n_steps, labelled by that size.
+
+    No legend: in a heatmap panel it covers cells; the figure's title or caption says what the
+    dashed lines are."""
     by_batch: dict[int, list[tuple[int, int]]] = {}
     for ne, ns in cells:
         by_batch.setdefault(ne * ns, []).append((xs.index(ne), ys.index(ns)))
-    drawn = False
     with matplotlib.rc_context(STYLE):
         for batch, points in sorted(by_batch.items()):
             if len(points) < 2:
@@ -288,14 +301,11 @@ def draw_iso_batch(ax: Axes, cells: Mapping[tuple[int, int], object], xs: Sequen
             points.sort()
             cols, rows = zip(*points, strict=True)
             ax.plot(cols, rows, linestyle="--", color="white", linewidth=2.5, alpha=0.9,
-                    label="equal num_envs × n_steps" if not drawn else None)
+                    zorder=ISO_BATCH_ZORDER)
             ax.annotate(f"{batch} samples", (cols[-1], rows[-1]), textcoords="offset points",
-                        xytext=(0, -22), ha="center", fontsize=12, color="white",
-                        fontweight="bold",
+                        xytext=(0, -30), ha="center", color="white", fontweight="bold",
+                        zorder=CELL_TEXT_ZORDER + 1,
                         bbox={"boxstyle": "round", "fc": "black", "alpha": 0.55, "lw": 0})
-            drawn = True
-        if drawn:
-            ax.legend(loc="upper left", framealpha=0.85, fontsize=12)
 
 
 # --------------------------------------------------------------------------- time split
@@ -318,7 +328,7 @@ def time_split_figure(rows: Sequence[TimeSplit]) -> Figure:
         totals = rollout + update + evaluation
         for i, total in enumerate(totals):
             share = rollout[i] / (rollout[i] + update[i]) if rollout[i] + update[i] else 0.0
-            ax.text(total, i, f"  {total:.2f} s ({share:.0%} rollout)", va="center", fontsize=13)
+            ax.text(total, i, f"  {total:.2f} s ({share:.0%} rollout)", va="center")
         ax.set_yticks(y, labels)
         ax.invert_yaxis()
         ax.set_xlim(0, float(np.max(totals)) * 1.35 if len(totals) and np.max(totals) > 0 else 1)
@@ -369,5 +379,5 @@ def profile_figure(profiles: Mapping[str, Any], colors: Mapping[str, str], task:
         ax.set_xlabel("final return threshold τ")
         ax.set_ylabel("fraction of runs with return > τ")
         ax.set_title(f"Performance profile over seeds ({task})")
-        ax.legend(loc="lower left", fontsize=12)
+        ax.legend(loc="lower left")
     return fig

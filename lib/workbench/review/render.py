@@ -112,18 +112,20 @@ def ranking_blocks(report: Report) -> list[Block]:
             [Link(f"s{r.seed}" if r.seed is not None else r.name, report.run_url(r))
              for r in p.runs],
         ))
+    # The table first: on a projector (1280x720) it is on the first screen; how it is ranked
+    # and how the intervals are computed follow it.
     return [
         Block("h2", "Ranking"),
-        Block("p", "Ranked by final deterministic evaluation reward (mean over seeds, ± std "
-                   "over seeds); equal rewards by training time (model.learn alone), fastest "
-                   "first. Points with NaN/inf in any metric rank below all others, then "
-                   "points with runs that did not finish."),
-        Block("p", statistics_text(report)),
         Block("table", headers=("#", "point", "seeds", "final eval reward", "IQM [95% CI]",
                                 "intervals overlap", "fps (steps/s)", "training time (s)",
                                 "time to target", "peak memory (MiB)", "status", "runs"),
               rows=tuple(rows)),
         *overlap_blocks(report),
+        Block("p", "Ranked by final deterministic evaluation reward (mean over seeds, ± std "
+                   "over seeds); equal rewards by training time (model.learn alone), fastest "
+                   "first. Points with NaN/inf in any metric rank below all others, then "
+                   "points with runs that did not finish."),
+        Block("p", statistics_text(report)),
     ]
 
 

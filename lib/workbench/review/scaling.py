@@ -239,14 +239,14 @@ def ladder_figure(ladder: Ladder) -> Figure:
             if math.isfinite(gain):
                 middle = ((x[i] * x[i + 1]) ** 0.5, (fps[i] + fps[i + 1]) / 2)
                 axes[0].annotate(f"{gain:+.0%}", middle, textcoords="offset points",
-                                 xytext=(0, 8), ha="center", fontsize=12)
+                                 xytext=(0, 8), ha="center")
         axes[0].set(title="Throughput (gain per doubling)", ylabel="env steps per second")
         axes[1].plot(x, [r.rollout_s for r in ladder.rungs], marker="o", color="#1f77b4",
                      label="rollout (simulation)")
         axes[1].plot(x, [r.update_s for r in ladder.rungs], marker="s", color="#ff7f0e",
                      label="update (PPO epochs)")
         axes[1].set(title="Time per iteration (median)", ylabel="seconds per iteration")
-        axes[1].legend(loc="best", fontsize=12)
+        axes[1].legend(loc="best")
         axes[2].plot(x, [r.peak_memory_mb for r in ladder.rungs], marker="o", color="#2ca02c",
                      label="peak memory, process tree")
         peak = max((r.peak_memory_mb for r in ladder.rungs if math.isfinite(r.peak_memory_mb)),
@@ -260,7 +260,7 @@ def ladder_figure(ladder: Ladder) -> Figure:
         axes[2].set(title="Peak memory of the training process tree", ylabel="MiB (PSS)")
         for ax in axes[:3]:  # from 0: a rise of a few MiB must not look like a cliff
             ax.set_ylim(bottom=0)
-        axes[2].legend(loc="best", fontsize=12)
+        axes[2].legend(loc="best")
         if gpu:
             draw_gpu(axes[3], ladder)
         for ax in axes:
@@ -272,8 +272,7 @@ def ladder_figure(ladder: Ladder) -> Figure:
         if knee is not None:
             axes[0].annotate(f"knee: num_envs={knee}", (knee, 0.04),
                              xycoords=("data", "axes fraction"), xytext=(6, 0),
-                             textcoords="offset points", color="crimson", fontsize=13,
-                             fontweight="bold")
+                             textcoords="offset points", color="crimson", fontweight="bold")
         fig.suptitle(f"Scaling ladder: {ladder.task}, {ladder.samples_per_update} samples per "
                      f"update (num_envs × n_steps)")
     return fig
@@ -290,4 +289,4 @@ def draw_gpu(ax: matplotlib.axes.Axes, ladder: Ladder) -> None:
     twin.plot(x, memory, marker="s", color="#8c564b", label="memory in use (peak)")
     twin.set_ylabel("GPU memory (MB)")
     handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
-    ax.legend(handles, [str(h.get_label()) for h in handles], loc="best", fontsize=12)
+    ax.legend(handles, [str(h.get_label()) for h in handles], loc="best")

@@ -257,7 +257,7 @@ def interval_figure(points: Sequence[PointLike], tradeoff: Tradeoff,
             ax.errorbar(i.estimate, y, xerr=[[i.estimate - i.low], [i.high - i.estimate]],
                         fmt="o", color=colors[p.label], capsize=8, markersize=10, linewidth=3)
             ax.text(i.high, y, f"  {i.estimate:.1f} [{i.low:.1f}, {i.high:.1f}], "
-                    f"{i.runs} seeds", va="center", fontsize=13)
+                    f"{i.runs} seeds", va="center")
         ax.set_yticks(range(len(shown)), [figures.short(p.label) for p in shown])
         ax.invert_yaxis()
         ax.margins(x=0.35)
