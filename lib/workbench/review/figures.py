@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from workbench.review import statistics
 from workbench.review.diagnostics import Series
 
 # Large type and thick lines: the figures are shown on a projector in team meetings. The one
@@ -133,26 +134,10 @@ def new_figure(panels: int, rows: int = 1) -> tuple[Figure, list[Axes]]:
 
 
 def mean_band(series: Sequence[Series]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(steps, mean, std) across seeds on their common steps.
-
-    Seeds of one point log at the same steps (same num_envs x n_steps); otherwise they are
-    interpolated onto the steps of the shortest one, within the range all of them cover.
-    """
-    usable = [s for s in series if len(s)]
-    if not usable:
-        empty = np.zeros(0)
-        return empty, empty, empty
-    steps = [np.asarray(s.steps, dtype=float) for s in usable]
-    values = [np.asarray(s.values, dtype=float) for s in usable]
-    if all(len(st) == len(steps[0]) and np.array_equal(st, steps[0]) for st in steps):
-        grid, stacked = steps[0], np.vstack(values)
-    else:
-        end = min(st[-1] for st in steps)
-        grid = min(steps, key=len)
-        grid = grid[grid <= end]
-        stacked = np.vstack([np.interp(grid, st, v) for st, v in zip(steps, values, strict=True)])
-    with np.errstate(invalid="ignore"):
-        return grid, np.nanmean(stacked, axis=0), np.nanstd(stacked, axis=0)
+    """(steps, mean, std) over the runs reaching each step (:func:`statistics.mean_curve`):
+    a run stopped early counts up to its last step, and the line goes on with the others."""
+    curve = statistics.mean_curve(series)
+    return curve.steps, curve.mean, curve.std
 
 
 def draw_curves(ax: Axes, curves: Sequence[Curves], *, title: str, ylabel: str,
@@ -164,10 +149,10 @@ def draw_curves(ax: Axes, curves: Sequence[Curves], *, title: str, ylabel: str,
             steps, mean, std = mean_band(c.series)
             if not len(steps):
                 continue
-            seeds = len([s for s in c.series if len(s)])
-            label = short(c.label) if seeds == 1 else f"{short(c.label)} ({seeds} seeds)"
+            runs = len([s for s in c.series if len(s)])
+            label = short(c.label) if runs == 1 else f"{short(c.label)} ({runs} runs)"
             ax.plot(steps, mean, color=c.color, label=label, marker="o" if len(steps) < 8 else "")
-            if seeds > 1:
+            if runs > 1:
                 ax.fill_between(steps, mean - std, mean + std, color=c.color, alpha=0.18)
             drawn += 1
         if threshold is not None:
@@ -199,7 +184,7 @@ def legend_below(fig: Figure, axes: Sequence[Axes]) -> None:
 
 
 def reward_figure(training: Sequence[Curves], evaluation: Sequence[Curves]) -> Figure:
-    """Episode reward vs environment steps per point (mean ± std over seeds)."""
+    """Episode reward vs environment steps per point (mean ± std over runs)."""
     panels = 2 if any(len(s) for c in evaluation for s in c.series) else 1
     fig, axes = new_figure(panels)
     draw_curves(axes[0], training, title="Training episodes (rollout/ep_rew_mean)",
@@ -209,7 +194,7 @@ def reward_figure(training: Sequence[Curves], evaluation: Sequence[Curves]) -> F
                     ylabel="mean episode return")
     legend_below(fig, axes)
     with matplotlib.rc_context(STYLE):
-        fig.suptitle("Reward vs environment steps per point (line: mean, band: ±1 std over seeds)")
+        fig.suptitle("Reward vs environment steps per point (line: mean, band: ±1 std over runs)")
     return fig
 
 
@@ -225,7 +210,7 @@ def signals_figure(entropy: Sequence[Curves], clip_fraction: Sequence[Curves],
                 ylabel="KL(old || new) (nats)", threshold=kl_max)
     legend_below(fig, axes)
     with matplotlib.rc_context(STYLE):
-        fig.suptitle("PPO update signals vs environment steps (mean ± std over seeds)")
+        fig.suptitle("PPO update signals vs environment steps (mean ± std over runs)")
     return fig
 
 

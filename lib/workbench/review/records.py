@@ -469,7 +469,8 @@ def render_figures(points: Sequence[Point], thresholds: Thresholds,
 
     out = [
         FigureFile("reward_curves.png", "Reward vs environment steps",
-                   "Mean episode return per point; the band is ±1 std over seeds.",
+                   "Mean episode return per point; the band is ±1 std over its runs, each "
+                   "counted up to its last step.",
                    figures.png_bytes(figures.reward_figure(curves("rollout/ep_rew_mean"),
                                                            curves("eval/mean_reward")))),
         *drawn(tradeoff.curve_figures(points, colors)),

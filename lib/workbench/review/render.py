@@ -99,13 +99,13 @@ def ranking_blocks(report: Report) -> list[Block]:
     """The ranked table of points."""
     rows = []
     for rank, p in enumerate(report.points, start=1):
-        seeds = len(p.runs)
+        seeds = str(p.seeds) if p.seeds == len(p.runs) else f"{p.seeds} ({len(p.runs)} runs)"
         reward = fmt(p.reward_mean, ".1f")
-        if seeds > 1 and not math.isnan(p.reward_std):
+        if len(p.runs) > 1 and not math.isnan(p.reward_std):
             reward += f" ± {p.reward_std:.1f}"
         flag = " (diverged)" if p.diverged else ""
         rows.append((
-            str(rank), p.label + flag, str(seeds), reward, *interval_cells(report, p),
+            str(rank), p.label + flag, seeds, reward, *interval_cells(report, p),
             fmt(p.mean("summary/fps"), ".0f"), fmt(p.mean("summary/wall_time_s"), ".1f"),
             report.tradeoff.times[p.label].text() if p.label in report.tradeoff.times else "–",
             fmt(p.peak_rss_mb, ".0f"), p.status,
