@@ -84,13 +84,17 @@ kernel:
 # (docs/tracking.md#the-manifest). Two settings differ from nbstripout's: cell ids are kept (the
 # tests and papermill name cells by id), and the filter is not required, so a checkout whose
 # .venv is gone or mounted elsewhere (a container) still answers `git status` and the manifest
-# keeps its commit (a notebook with outputs then merely shows as modified).
+# keeps its commit (a notebook with outputs then merely shows as modified). The index is
+# refreshed once through the filter: otherwise every run's `git status` (the manifest, with
+# --no-optional-locks, never writes the index) filters each notebook a fresh checkout left
+# "racily clean" again, a Python start per notebook per run.
 NBSTRIPOUT = "$(abspath $(PY))" -m nbstripout
 git-filter:
 	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
 	  $(NBSTRIPOUT) --install --attributes .gitattributes && \
 	  git config filter.nbstripout.clean '$(NBSTRIPOUT) --keep-id' && \
-	  { git config --unset filter.nbstripout.required || true; }; fi
+	  { git config --unset filter.nbstripout.required || true; } && \
+	  git update-index -q --really-refresh >/dev/null || true; fi
 
 # Off-screen rendering for rollout videos (docs/videos.md): Mesa's EGL and, as the fallback,
 # OSMesa, from Debian/Ubuntu's packages when missing (root only; otherwise the command to run

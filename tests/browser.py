@@ -42,3 +42,16 @@ def browser(tmp_path: Path) -> Iterator[object]:
         yield driver
     finally:
         driver.quit()
+
+
+def save_screenshot(browser: object, tmp_path: Path, name: str) -> Path:
+    """The page as shown now, as ``tmp_path/name``; also copied into
+    ``$WORKBENCH_SCREENSHOT_DIR`` when set, to look at after the run."""
+    screenshot = tmp_path / name
+    assert browser.save_screenshot(str(screenshot))  # type: ignore[attr-defined]
+    keep = os.environ.get("WORKBENCH_SCREENSHOT_DIR")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(screenshot, Path(keep) / name)
+    print(f"screenshot: {screenshot}")
+    return screenshot

@@ -26,12 +26,14 @@ def test_custom_module_id_trains_resumes_and_exports(store: Path) -> None:
     assert run.info.status == "FINISHED"
     assert (run.data.params["env.id"], run.data.params["derived.vec_env"]) == (CUSTOM, "subproc")
     assert "eval/mean_reward" in run.data.metrics
-    more = run_cli("train", f"resume={run_id}", "total_timesteps=640")
+    # A run's stored env id is data: resuming imports its module only when the command line
+    # names it too (SECURITY.md), as exporting does with --allow-module.
+    more = run_cli("train", f"resume={run_id}", f"env.id={CUSTOM}", "total_timesteps=640")
     assert more.returncode == 0, more.stderr[-2000:]
     resumed = client.get_run(run_id)
     assert resumed.info.status == "FINISHED" and resumed.data.tags["resume.count"] == "1"
     assert max(m.step for m in client.get_metric_history(run_id, "rollout/ep_rew_mean")) == 640
-    exported = run_cli("export", "--run", run_id, "--observations", "16", "--episodes", "1",
-                       "--warmup", "0")
+    exported = run_cli("export", "--run", run_id, "--allow-module", CUSTOM.split(":")[0],
+                       "--observations", "16", "--episodes", "1", "--warmup", "0")
     assert exported.returncode == 0, exported.stderr[-2000:]
     assert "export/policy.onnx" in {a.path for a in client.list_artifacts(run_id, "export")}

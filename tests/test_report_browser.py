@@ -9,8 +9,6 @@ Set WORKBENCH_SCREENSHOT_DIR to keep a copy of the screenshot (pytest's tmp dirs
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from workbench.review import records, render
 from workbench.review.selection import Selection
 
 from . import reportdata
+from .browser import save_screenshot
 
 
 @pytest.fixture(scope="module")
@@ -74,14 +73,9 @@ def test_report_page_loads_every_figure_without_errors(
 
     height = browser.execute_script("return document.documentElement.scrollHeight;")
     browser.set_window_size(1400, min(int(height) + 100, 16000))
-    screenshot = tmp_path / "screenshot.png"  # not into the shared report folder
-    assert browser.save_screenshot(str(screenshot))
+    # Not into the shared report folder; $WORKBENCH_SCREENSHOT_DIR keeps it (CI artifacts).
+    screenshot = save_screenshot(browser, tmp_path, "report-screenshot.png")
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    keep = os.environ.get("WORKBENCH_SCREENSHOT_DIR")  # e.g. CI artifacts; tmp dirs rotate
-    if keep:
-        Path(keep).mkdir(parents=True, exist_ok=True)
-        shutil.copy(screenshot, Path(keep) / "report-screenshot.png")
-    print(f"screenshot: {screenshot}")
 
 
 def test_ranking_is_on_the_first_screen_of_a_projector(
@@ -103,10 +97,4 @@ def test_ranking_is_on_the_first_screen_of_a_projector(
         "return [h.textContent, t.tagName, r.top, r.bottom];")
     assert (heading, following) == ("Ranking", "TABLE")
     assert 0 < top < bottom < 720, (top, bottom)
-    screenshot = tmp_path / "first-screen.png"
-    assert browser.save_screenshot(str(screenshot))
-    keep = os.environ.get("WORKBENCH_SCREENSHOT_DIR")
-    if keep:
-        Path(keep).mkdir(parents=True, exist_ok=True)
-        shutil.copy(screenshot, Path(keep) / "report-first-screen.png")
-    print(f"screenshot: {screenshot}")
+    save_screenshot(browser, tmp_path, "report-first-screen.png")

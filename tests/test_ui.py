@@ -7,7 +7,6 @@ Set WORKBENCH_SCREENSHOT_DIR to keep a copy of the meeting view's screenshot."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -28,6 +27,7 @@ from workbench.tracking.store import (
     ui_link,
 )
 
+from .browser import save_screenshot
 from .conftest import ROOT
 
 
@@ -154,13 +154,7 @@ def test_the_meeting_link_opens_a_legible_runs_table(ui: Ui, browser: object,
         "return Object.fromEntries([...document.querySelectorAll('.ag-header-cell')].map(c => "
         "[c.getAttribute('col-id'), c.getBoundingClientRect().right]));")
     assert all(right[f"tags.`{tag}`"] <= 1280 for tag in GRID_TAGS), right
-    screenshot = tmp_path / "meeting.png"
-    assert browser.save_screenshot(str(screenshot))
-    keep = os.environ.get("WORKBENCH_SCREENSHOT_DIR")
-    if keep:
-        Path(keep).mkdir(parents=True, exist_ok=True)
-        shutil.copy(screenshot, Path(keep) / "meeting-screenshot.png")
-    print(f"screenshot: {screenshot}")
+    save_screenshot(browser, tmp_path, "meeting-screenshot.png")
 
 
 def test_experiments_it_creates_say_they_hold_training_runs(tmp_path: Path) -> None:

@@ -88,9 +88,17 @@ def print_table(rows: Sequence[tuple[str, Any]], title: str) -> None:
 LOG_PROGRESS_EVERY_S = 60.0
 
 
+def in_jupyter_kernel() -> bool:
+    """True when this process is a Jupyter kernel running cells (JupyterLab, papermill); a
+    process that merely imported ipykernel (a test, a tool) is not one."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
 def interactive(stream: IO[str]) -> bool:
     """True for a terminal or a Jupyter kernel's stream, where a live bar redraws in place."""
-    if "ipykernel" in sys.modules:
+    if in_jupyter_kernel():
         return True
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty())

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from stable_baselines3.common.callbacks import BaseCallback
 
+from workbench.console import in_jupyter_kernel
 from workbench.envs.guards import NonFiniteError
 
 # Loss and diagnostic keys SB3's PPO records after each update.
@@ -88,7 +89,7 @@ class Interruption:
             raise TrainingInterrupted(signum, f"{name} received twice: stopped immediately")
         self.signum = signum
         self.received_at = time.monotonic()
-        if "ipykernel" not in sys.modules:  # a notebook gets one line, when the run has stopped
+        if not in_jupyter_kernel():  # a notebook gets one line, when the run has stopped
             print(
                 f"\nworkbench: {name} received: stopping after the current step and saving a "
                 "checkpoint (send it again to stop immediately)",
