@@ -64,13 +64,13 @@ SHARED_FIXTURES = {
 MODULE_UNITS = {
     **dict.fromkeys(("test_server", "test_copy"), "team-server"),
     **dict.fromkeys(("test_bench_quick", "test_calibration"), "timing"),
+    "test_sweep_ray_cluster": "ray-cluster",  # one shared cluster, tests in the file's order
 }
 # The longest work starts first (make test passes --no-loadscope-reorder, so the units are
-# handed out in collection order): the multi-node Ray tests, one at a time between the other
-# long units, so the two workers do not start two clusters at once; then the slow tests, then
-# the rest, so no minute-long test starts last while the other worker has nothing to do.
-LONG_MODULE = "test_sweep_ray_cluster"
-LONG_UNITS = ("report-sweep", "trained-runs", "team-server", "timing")
+# handed out in collection order): the multi-node Ray tests, on one worker while the other
+# takes the next long unit, then the other long units, then the slow tests, then the rest, so
+# no minute-long test starts last while the other worker has nothing to do.
+LONG_UNITS = ("ray-cluster", "report-sweep", "trained-runs", "team-server", "timing")
 
 
 def module_of(nodeid: str) -> str:
@@ -149,17 +149,8 @@ def work_unit(nodeid: str) -> str:
     return MODULE_UNITS.get(module) or fixture_units().get((module, function), nodeid)
 
 
-def start_order(nodeids: list[str]) -> dict[str, int]:
-    """Rank of each long unit: Ray cluster tests alternate with the units of modules."""
-    cluster_tests = [nodeid for nodeid in nodeids if module_of(nodeid) == LONG_MODULE]
-    order: list[str] = []
-    for i in range(max(len(cluster_tests), len(LONG_UNITS))):
-        order += cluster_tests[i:i + 1] + list(LONG_UNITS[i:i + 1])
-    return {unit: rank for rank, unit in enumerate(order)}
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = start_order([item.nodeid for item in items])
+    rank = {unit: rank for rank, unit in enumerate(LONG_UNITS)}
     slow_units = {work_unit(i.nodeid) for i in items if i.get_closest_marker("slow")}
     # Stable: the tests of one unit keep their order (some modules rely on it).
     items.sort(key=lambda item: (rank.get(work_unit(item.nodeid), len(rank)),
@@ -183,6 +174,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 WORKER_BUSY_S: dict[str, float] = {}  # xdist worker -> seconds spent in tests (controller)
 
 
+def cpu_times() -> tuple[int, int]:
+    """The machine's (busy, total) CPU time so far, in clock ticks (/proc/stat's first line:
+    idle and iowait are not busy); (0, 0) where there is no /proc/stat."""
+    try:
+        ticks = [int(t) for t in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return 0, 0
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+CPU_AT_START = cpu_times()
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """On the xdist controller: add each test phase's time to its worker's busy time."""
     node = getattr(report, "node", None)
@@ -193,10 +197,16 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 @pytest.hookimpl(trylast=True)  # after the slowest durations
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """How busy each worker was: a worker idle long before the other ends is time lost."""
+    """How busy each worker was (a worker idle long before the other ends is time lost), and
+    how busy the machine's cores were."""
     if WORKER_BUSY_S:
         busy = ", ".join(f"{w} {s:.0f} s" for w, s in sorted(WORKER_BUSY_S.items()))
         terminalreporter.write_line(f"time in tests per xdist worker: {busy}")
+    (busy_then, total_then), (busy_now, total_now) = CPU_AT_START, cpu_times()
+    if total_now > total_then:  # whether more workers could help: idle cores are time to use
+        share = (busy_now - busy_then) / (total_now - total_then)
+        terminalreporter.write_line(f"machine CPU busy during the run: {share:.0%} of "
+                                    f"{os.cpu_count()} cores (every process, not only tests)")
 
 
 @pytest.fixture(autouse=True)
@@ -265,12 +275,12 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
 # fixture of that module (a session-scoped one is then built once per importing module), so
 # no test module imports a fixture. Pages in a real headless chromium (tests/browser.py);
 # team mode: one PostgreSQL + MLflow server per session (tests/teamserver.py); a real
-# `mlflow server` per test (tests/mlflowserver.py); one local Ray head per test
-# (tests/raycluster.py); the runs trained once per session (tests/trained_run.py) and the
-# sweep of the sweep and report tests (tests/reportdata.py).
+# `mlflow server` per test (tests/mlflowserver.py); one local Ray head per test, multi-node
+# clusters per test or per module (tests/raycluster.py); the runs trained once per session
+# (tests/trained_run.py) and the sweep of the sweep and report tests (tests/reportdata.py).
 from tests.browser import browser  # noqa: E402, F401
 from tests.mlflowserver import mlflow_server  # noqa: E402, F401
-from tests.raycluster import clusters, ray_head  # noqa: E402, F401
+from tests.raycluster import clusters, ray_head, shared_cluster  # noqa: E402, F401
 from tests.reportdata import report_sweep  # noqa: E402, F401
 from tests.teamserver import team_server  # noqa: E402, F401
 from tests.trained_run import exported_policy, finished_run  # noqa: E402, F401

@@ -40,6 +40,10 @@ NODE_MARKER = "WORKBENCH_TEST_RAY_NODE"  # which node a process belongs to
 RAY = str(Path(sys.executable).parent / "ray")
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 180.0  # a loaded 2-core machine can take a while to start a raylet
+# Ray ends a driver whose GCS has been silent this long, and a node's raylet gives up on its
+# head after it; the sweep gives up on the head at a third of it. 15 s (Ray's default is 60),
+# for the driver and every node, keeps the head-loss tests short.
+RECONNECT_15S = {"RAY_gcs_rpc_server_reconnect_timeout_s": "15"}
 
 
 def free_port() -> int:
@@ -78,11 +82,11 @@ STOP_WITH_PARENT = [sys.executable, "-c", (
 class RayNode:
     """One node: ``ray start [--head] --block`` in its own session."""
 
-    def __init__(self, root: Path, name: str, attempt: int, *, num_cpus: int,
+    def __init__(self, root: Path, name: str, serial: int, *, num_cpus: int,
                  head_address: str | None, env: Mapping[str, str]) -> None:
         self.name = name
         self.head = head_address is None
-        label = f"{name}{attempt}"
+        label = f"{name}{serial}"  # its own dir, also when a node of that name starts again
         self.temp_dir = root / label  # short: Ray puts Unix sockets under it (107 characters)
         self.temp_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = root / f"{label}.log"
@@ -118,6 +122,10 @@ class RayNode:
             time.sleep(0.5)
         return False
 
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
     def kill(self) -> None:
         """SIGKILL the node's process group at once: ``ray start``, its raylet, its agents, its
         Ray workers; the kernels (own sessions) are left to notice that their worker died."""
@@ -150,6 +158,7 @@ class RayCluster:
         base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), base.get("PYTHONPATH")]))
         self.base_env = {**base, MARKER: self.marker}
         self.nodes: dict[str, RayNode] = {}
+        self.serial = 0
         try:
             self.head = self.start_node("head", head_cpus, {})
             # One at a time: on a loaded machine, nodes starting together starve each other.
@@ -160,17 +169,17 @@ class RayCluster:
             self.remove()
             raise
 
-    def new_node(self, name: str, cpus: int, extra_env: Mapping[str, str],
-                 attempt: int) -> RayNode:
-        return RayNode(self.root, name, attempt, num_cpus=cpus,
+    def new_node(self, name: str, cpus: int, extra_env: Mapping[str, str]) -> RayNode:
+        self.serial += 1
+        return RayNode(self.root, name, self.serial, num_cpus=cpus,
                        head_address=None if name == "head" else self.address,
                        env={**self.base_env, **extra_env})
 
     def start_node(self, name: str, cpus: int, extra_env: Mapping[str, str]) -> RayNode:
         """Start a node, up to 3 attempts: on a loaded machine a raylet can die at start-up
         (its wait for the dashboard agent's port file has a fixed timeout)."""
-        for attempt in range(3):
-            node = self.nodes[name] = self.new_node(name, cpus, extra_env, attempt)
+        for _ in range(3):
+            node = self.nodes[name] = self.new_node(name, cpus, extra_env)
             if node.wait_started():
                 return node
             node.stop()
@@ -264,6 +273,57 @@ def clusters() -> Iterator[Callable[..., RayCluster]]:
             leftovers += cluster.stop()
             cluster.remove()
     assert leftovers == [], f"processes left after the cluster stopped: {leftovers}"
+
+
+class SharedCluster:
+    """One cluster for the tests of a module, which may break it: each test asks for it with
+    :meth:`get`, which first starts again a worker node an earlier test killed, or, when an
+    earlier test killed the head, a whole new cluster (a fresh start of every process costs
+    a minute on a loaded 2-core machine). Every cluster started is stopped, and checked to
+    leave no process, at the end (:meth:`close`)."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+        self.started: list[RayCluster] = []
+
+    def get(self, workers: Mapping[str, int] | None = None) -> RayCluster:
+        """A live cluster with at least the given workers (``a`` and ``b`` of 2 CPUs each by
+        default): the current one, its killed workers started again, or a new one."""
+        workers = {"a": 2, "b": 2} if workers is None else workers
+        current = self.started[-1] if self.started else None
+        if current is None or not current.head.alive:
+            if current is not None:
+                current.stop()
+            self.started.append(RayCluster(workers, env=self.env))
+            return self.started[-1]
+        for name, cpus in workers.items():
+            if name not in current.nodes or not current.nodes[name].alive:
+                current.start_node(name, cpus, {})
+        return current
+
+    def close(self) -> list[str]:
+        """Stop and remove every cluster started; returns the processes left (none expected)."""
+        leftovers = []
+        for cluster in self.started:
+            leftovers += cluster.stop()
+            cluster.remove()
+        return leftovers
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedCluster]:
+    """A module's :class:`SharedCluster`. Its nodes give up on a lost head after 15 s (Ray's
+    default is 60: the head-loss tests stay short) and keep what a point writes outside the
+    sweep's store in a directory of their own; every point logs to the store its sweep names."""
+    if SPACED_ENV:
+        pytest.skip(SPACED_ENV_REASON)
+    shared = SharedCluster({**os.environ, **RECONNECT_15S, "WORKBENCH_EXPERIMENTS":
+                            str(tmp_path_factory.mktemp("cluster-experiments"))})
+    try:
+        yield shared
+    finally:
+        leftovers = shared.close()
+    assert leftovers == [], f"processes left after the clusters stopped: {leftovers}"
 
 
 # --------------------------------------------------------------------------- one local head

@@ -1,11 +1,14 @@
-"""Sweeps (and a tuning study) on a real multi-node Ray cluster on this machine, under node
+"""Sweeps (and tuning studies) on a real multi-node Ray cluster on this machine, under node
 failures.
 
 Each cluster (tests/raycluster.py) is a head with no CPUs plus worker nodes of 2 CPUs each
 (``a`` and ``b`` where a worker dies or points spread; ``a`` alone elsewhere), every node its
 own ``ray start --block`` process with its own temp dir, ports, custom resource and
 environment; a test tells where a point ran from the node id the point's run records
-(``ray.node_id``) and the state API's node listing. The sweeps are the tests' tiny real
+(``ray.node_id``) and the state API's node listing. The tests share one cluster, in the order
+that restarts least of it: a test that finds a worker node or the head killed by the one
+before gets that node, or a whole new cluster, started again (``shared_cluster``); team mode
+and the fixture's own test start clusters of their own. The sweeps are the tests' tiny real
 trainings (``debug=tiny``) through the real CLI; where a node or the head is killed (the way a
 machine dies: SIGKILL of its whole process group), the points hold mid-training until the test
 releases them (tests/faulty_envs.py), so they are certainly running when it happens. Every Ray
@@ -32,7 +35,14 @@ from mlflow.tracking import MlflowClient
 
 from .conftest import ROOT, run_cli
 from .faulty_envs import HELD, held_points, release
-from .raycluster import SPACED_ENV, SPACED_ENV_REASON, RayCluster, marked_processes
+from .raycluster import (
+    RECONNECT_15S,
+    SPACED_ENV,
+    SPACED_ENV_REASON,
+    RayCluster,
+    SharedCluster,
+    marked_processes,
+)
 from .teamserver import ALICE, TeamServer, logged_in
 from .test_sweep import POINT_TINY, runs_of
 from .test_tune import study_trials, tune_runs
@@ -42,10 +52,6 @@ ray = pytest.importorskip("ray", reason="the ray extra: pip install -e '.[ray]'"
 # A loaded 2-core machine can take many minutes for what takes one on an idle one.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 NODE_ID, NODE_IP, HOSTNAME = "ray.node_id", "ray.node_ip", "ray.hostname"
-# Ray ends a driver whose GCS has been silent this long, and a node's raylet gives up on its
-# head after it; the sweep gives up on the head at a third of it. 15 s (Ray's default is 60),
-# for the driver and every node, keeps the head-loss tests short.
-RECONNECT_15S = {"RAY_gcs_rpc_server_reconnect_timeout_s": "15"}
 # Points that hold mid-training until the test releases them (tests/faulty_envs.py), so a node
 # or head dies while a point is certainly training, without long trainings.
 HELD_POINT = [f"env.id={HELD}", "env.vec_env=dummy"]
@@ -118,8 +124,8 @@ def start_sweep(args: list[str], env: dict[str, str] | None = None) -> subproces
 
 
 def test_points_spread_over_the_workers_and_record_their_node(
-        store: Path, clusters: Callable[..., RayCluster]) -> None:
-    cluster = clusters()
+        store: Path, shared_cluster: SharedCluster) -> None:
+    cluster = shared_cluster.get()
     args = sweep_args(cluster, "sweep.num_envs=[1,2]", "sweep.n_steps=[64,128]",
                       "sweep.workers=4")
     proc = run_cli(*args, timeout=900)
@@ -160,8 +166,8 @@ def test_points_spread_over_the_workers_and_record_their_node(
 
 
 def test_a_worker_node_dying_mid_sweep_loses_and_duplicates_nothing(
-        store: Path, clusters: Callable[..., RayCluster]) -> None:
-    cluster = clusters()
+        store: Path, shared_cluster: SharedCluster) -> None:
+    cluster = shared_cluster.get()
     nodes = cluster.node_ids()
     node_a = next(node_id for node_id, (name, _) in nodes.items() if name == "a")
     args = sweep_args(cluster, "sweep.num_envs=[1,2]", "sweep.n_steps=[64]",
@@ -210,12 +216,58 @@ def test_a_worker_node_dying_mid_sweep_loses_and_duplicates_nothing(
     assert runs_of("parent")[0].info.status == "FINISHED"
 
 
+def test_a_study_on_the_cluster_keeps_one_storage_when_a_worker_node_dies(
+        store: Path, shared_cluster: SharedCluster) -> None:
+    # Trials are sweep points to Ray (the same task, tags and retries); the Optuna storage is
+    # the driver's SQLite file, which every node of this one-machine cluster reaches.
+    cluster = shared_cluster.get()
+    nodes = cluster.node_ids()
+    node_a = next(node_id for node_id, (name, _) in nodes.items() if name == "a")
+    args = ["tune", "--n-trials", "4", *HELD_STUDY, "tune.study=on-cluster",
+            "tune.executor=ray", f"tune.ray.address={cluster.address}", "tune.workers=4",
+            "tune.pruner=none"]
+    study = start_sweep(args)
+
+    def trial_held_on_a() -> bool:
+        return any(r.info.status == "RUNNING" and r.data.tags.get(NODE_ID) == node_a
+                   and trial_name(r) in held_points(store) for r in trial_runs_or_none())
+
+    try:
+        wait_for(trial_held_on_a, "a trial training on node a", timeout_s=900)
+        cluster.nodes["a"].kill()
+        release(store)  # the other trials, and the retries, train to the end
+        out, err = study.communicate(timeout=1200)
+    finally:
+        if study.poll() is None:
+            study.kill()
+    assert study.returncode == 0, out[-3000:] + err[-3000:]
+    assert cluster.processes_of("a") == []
+
+    trials = study_trials(store, "on-cluster")  # one storage: every trial is in it, once
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 4
+    runs = tune_runs("trial")
+    show("a study, node a killed", runs, nodes)
+    killed = [r for r in runs if r.info.status == "KILLED"]
+    assert killed, "no trial was caught running on node a"
+    for run in killed:
+        assert run.data.tags[NODE_ID] == node_a
+        assert run.data.tags["error"].startswith("killed: the Ray worker or node that ran")
+    for trial in trials:
+        mine = [r for r in runs if r.data.tags["tune.trial"] == str(trial.number)]
+        (finished,) = [r for r in mine if r.info.status == "FINISHED"]
+        assert trial.user_attrs["mlflow_run_id"] == finished.info.run_id
+        assert nodes[finished.data.tags[NODE_ID]][0] in ("a", "b")
+    assert {nodes[r.data.tags[NODE_ID]][0] for r in runs} == {"a", "b"}  # both nodes used
+    notebooks = sorted(p.name for p in (store / "tuning" / "on-cluster").glob("*.ipynb"))
+    assert notebooks == [f"trial-{n:03d}.ipynb" for n in range(4)]
+
+
 # --------------------------------------------------------------------------- the head dies
 
 
 def test_the_head_dying_ends_the_sweep_with_one_line_and_a_new_head_resumes(
-        store: Path, clusters: Callable[..., RayCluster]) -> None:
-    cluster = clusters(ONE_WORKER, env={**os.environ, **RECONNECT_15S})
+        store: Path, shared_cluster: SharedCluster) -> None:
+    cluster = shared_cluster.get(ONE_WORKER)
     nodes = cluster.node_ids()  # the state API lives on the head: ask before it dies
     args = ["sweep.num_envs=[2]", "sweep.n_steps=[64]", "sweep.seeds=[0,1,2]",
             "sweep.workers=2", *HELD_POINT]
@@ -269,7 +321,7 @@ def test_the_head_dying_ends_the_sweep_with_one_line_and_a_new_head_resumes(
 
     assert cluster.stop() == []  # the old workers gave up on their head, or were stopped
     release(store)  # the rerun trains every point to the end
-    fresh = clusters(ONE_WORKER, env={**os.environ, **RECONNECT_15S})
+    fresh = shared_cluster.get(ONE_WORKER)  # a new head
     again = run_cli(*sweep_args(fresh, *args), env=RECONNECT_15S, timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert f"({len(finished_before)} FINISHED earlier, skipped)" in again.stdout
@@ -281,6 +333,55 @@ def test_the_head_dying_ends_the_sweep_with_one_line_and_a_new_head_resumes(
     (resumed,) = runs_of("parent")
     assert resumed.info.run_id == parent.info.run_id and resumed.info.status == "FINISHED"
     assert "error" not in resumed.data.tags  # the lost head's error went with its invocation
+
+
+def test_the_head_dying_ends_a_study_with_one_line_and_a_new_head_resumes_it(
+        store: Path, shared_cluster: SharedCluster) -> None:
+    cluster = shared_cluster.get(ONE_WORKER)
+    # The first trials hold mid-training: they are certainly running when the head dies.
+    args = ["tune", "--n-trials", "2", *HELD_STUDY, "tune.study=lost-head", "tune.executor=ray",
+            "tune.workers=2", "tune.pruner=none"]
+    study = start_sweep([*args, f"tune.ray.address={cluster.address}"], env=RECONNECT_15S)
+
+    def trials_held() -> bool:
+        return any(r.info.status == "RUNNING" and trial_name(r) in held_points(store)
+                   for r in trial_runs_or_none())
+
+    try:
+        wait_for(trials_held, "a trial training", timeout_s=900)
+        cluster.nodes["head"].kill()
+        out, err = study.communicate(timeout=300)  # bounded: a hang fails here
+    finally:
+        if study.poll() is None:
+            study.send_signal(signal.SIGKILL)
+    assert study.returncode == 1, out[-3000:] + err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("workbench: the Ray head at "), err[-3000:]
+    assert last.endswith("restart the cluster and run the same command again to resume the "
+                         "study"), last
+    assert "Traceback" not in err, err[-3000:]
+    print(f"\nthe study's last line when the head died:\n{last}")
+
+    runs = tune_runs("trial")
+    assert runs and not [r for r in runs if r.info.status == "RUNNING"]  # closed at exit
+    killed = [r for r in runs if r.info.status == "KILLED"]
+    assert killed, "no trial was running when the head died"
+    (parent,) = tune_runs("study")
+    assert parent.info.status == "FAILED"
+    assert parent.data.tags["error"].startswith("the Ray head at ")
+    abandoned = [t for t in study_trials(store, "lost-head") if t.state.name == "FAIL"]
+    assert len(abandoned) == len(killed)  # ... and not counted against the 2
+
+    assert cluster.stop() == []
+    release(store)  # the trials of the rerun train to the end
+    fresh = shared_cluster.get(ONE_WORKER)  # a new head
+    again = run_cli(*args, f"tune.ray.address={fresh.address}", env=RECONNECT_15S, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    states = [t.state.name for t in study_trials(store, "lost-head")]
+    assert states.count("COMPLETE") == 2 and states.count("FAIL") == len(killed), states
+    (resumed,) = tune_runs("study")
+    assert resumed.info.run_id == parent.info.run_id and resumed.info.status == "FINISHED"
+    assert "error" not in resumed.data.tags
 
 
 # --------------------------------------------------------------------------- team mode
@@ -322,104 +423,6 @@ def test_team_mode_points_log_with_each_nodes_login_that_ray_never_sees(
         if path.is_file():
             assert password not in path.read_text(errors="replace"), path
     assert password not in done.stdout + done.stderr
-
-
-# --------------------------------------------------------------------------- a study
-
-
-def test_a_study_on_the_cluster_keeps_one_storage_when_a_worker_node_dies(
-        store: Path, clusters: Callable[..., RayCluster]) -> None:
-    # Trials are sweep points to Ray (the same task, tags and retries); the Optuna storage is
-    # the driver's SQLite file, which every node of this one-machine cluster reaches.
-    cluster = clusters()
-    nodes = cluster.node_ids()
-    node_a = next(node_id for node_id, (name, _) in nodes.items() if name == "a")
-    args = ["tune", "--n-trials", "4", *HELD_STUDY, "tune.study=on-cluster",
-            "tune.executor=ray", f"tune.ray.address={cluster.address}", "tune.workers=4",
-            "tune.pruner=none"]
-    study = start_sweep(args)
-
-    def trial_held_on_a() -> bool:
-        return any(r.info.status == "RUNNING" and r.data.tags.get(NODE_ID) == node_a
-                   and trial_name(r) in held_points(store) for r in trial_runs_or_none())
-
-    try:
-        wait_for(trial_held_on_a, "a trial training on node a", timeout_s=900)
-        cluster.nodes["a"].kill()
-        release(store)  # the other trials, and the retries, train to the end
-        out, err = study.communicate(timeout=1200)
-    finally:
-        if study.poll() is None:
-            study.kill()
-    assert study.returncode == 0, out[-3000:] + err[-3000:]
-    assert cluster.processes_of("a") == []
-
-    trials = study_trials(store, "on-cluster")  # one storage: every trial is in it, once
-    assert [t.state.name for t in trials] == ["COMPLETE"] * 4
-    runs = tune_runs("trial")
-    show("a study, node a killed", runs, nodes)
-    killed = [r for r in runs if r.info.status == "KILLED"]
-    assert killed, "no trial was caught running on node a"
-    for run in killed:
-        assert run.data.tags[NODE_ID] == node_a
-        assert run.data.tags["error"].startswith("killed: the Ray worker or node that ran")
-    for trial in trials:
-        mine = [r for r in runs if r.data.tags["tune.trial"] == str(trial.number)]
-        (finished,) = [r for r in mine if r.info.status == "FINISHED"]
-        assert trial.user_attrs["mlflow_run_id"] == finished.info.run_id
-        assert nodes[finished.data.tags[NODE_ID]][0] in ("a", "b")
-    assert {nodes[r.data.tags[NODE_ID]][0] for r in runs} == {"a", "b"}  # both nodes used
-    notebooks = sorted(p.name for p in (store / "tuning" / "on-cluster").glob("*.ipynb"))
-    assert notebooks == [f"trial-{n:03d}.ipynb" for n in range(4)]
-
-
-def test_the_head_dying_ends_a_study_with_one_line_and_a_new_head_resumes_it(
-        store: Path, clusters: Callable[..., RayCluster]) -> None:
-    cluster = clusters(ONE_WORKER, env={**os.environ, **RECONNECT_15S})
-    # The first trials hold mid-training: they are certainly running when the head dies.
-    args = ["tune", "--n-trials", "2", *HELD_STUDY, "tune.study=lost-head", "tune.executor=ray",
-            "tune.workers=2", "tune.pruner=none"]
-    study = start_sweep([*args, f"tune.ray.address={cluster.address}"], env=RECONNECT_15S)
-
-    def trials_held() -> bool:
-        return any(r.info.status == "RUNNING" and trial_name(r) in held_points(store)
-                   for r in trial_runs_or_none())
-
-    try:
-        wait_for(trials_held, "a trial training", timeout_s=900)
-        cluster.nodes["head"].kill()
-        out, err = study.communicate(timeout=300)  # bounded: a hang fails here
-    finally:
-        if study.poll() is None:
-            study.send_signal(signal.SIGKILL)
-    assert study.returncode == 1, out[-3000:] + err[-3000:]
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("workbench: the Ray head at "), err[-3000:]
-    assert last.endswith("restart the cluster and run the same command again to resume the "
-                         "study"), last
-    assert "Traceback" not in err, err[-3000:]
-    print(f"\nthe study's last line when the head died:\n{last}")
-
-    runs = tune_runs("trial")
-    assert runs and not [r for r in runs if r.info.status == "RUNNING"]  # closed at exit
-    killed = [r for r in runs if r.info.status == "KILLED"]
-    assert killed, "no trial was running when the head died"
-    (parent,) = tune_runs("study")
-    assert parent.info.status == "FAILED"
-    assert parent.data.tags["error"].startswith("the Ray head at ")
-    abandoned = [t for t in study_trials(store, "lost-head") if t.state.name == "FAIL"]
-    assert len(abandoned) == len(killed)  # ... and not counted against the 2
-
-    assert cluster.stop() == []
-    release(store)  # the trials of the rerun train to the end
-    fresh = clusters(ONE_WORKER, env={**os.environ, **RECONNECT_15S})
-    again = run_cli(*args, f"tune.ray.address={fresh.address}", env=RECONNECT_15S, timeout=900)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    states = [t.state.name for t in study_trials(store, "lost-head")]
-    assert states.count("COMPLETE") == 2 and states.count("FAIL") == len(killed), states
-    (resumed,) = tune_runs("study")
-    assert resumed.info.run_id == parent.info.run_id and resumed.info.status == "FINISHED"
-    assert "error" not in resumed.data.tags
 
 
 # --------------------------------------------------------------------------- the fixture
