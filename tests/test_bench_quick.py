@@ -75,8 +75,9 @@ def test_train_and_reward_parts_shrunk_feed_the_summary(tmp_path: Path) -> None:
     assert all(r["steps"] == 2048 and r["peak_rss_mb"] > 0 for r in throughput["runs"])
     assert math.isfinite(throughput["summary"]["lowest_r_train"])
 
-    proc = run_script("time_to_reward.py", "--quick", "--budget-s", "4", "--max-steps", "4096",
-                      "--eval-every", "2048", "--episodes", "1", results=results)
+    # One rollout and one evaluation per contestant (the zoo's PPO makes 20 epochs an update).
+    proc = run_script("time_to_reward.py", "--quick", "--budget-s", "4", "--max-steps", "1024",
+                      "--eval-every", "1024", "--episodes", "1", results=results)
     assert proc.returncode == 0, proc.stderr[-3000:]
     reward = json.loads((results / "time_to_reward.json").read_text())
     assert sorted(r["contestant"] for r in reward["runs"]) == ["sb3", "workbench", "zoo"]
