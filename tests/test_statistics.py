@@ -92,6 +92,32 @@ def metrics(eval_rewards: list[float], final: float | None = None) -> dict[str, 
     return found
 
 
+def test_probability_of_improvement_is_the_mann_whitney_u_averaged_over_tasks() -> None:
+    rng = np.random.default_rng(4)
+    x = [rng.normal(1.0, 1.0, 5), rng.normal(0.0, 1.0, 4)]
+    y = [rng.normal(0.0, 1.0, 6), rng.normal(0.0, 1.0, 3)]
+    poi = statistics.probability_of_improvement(x, y)
+    per_task = [scipy_stats.mannwhitneyu(a, b).statistic / (len(a) * len(b))
+                for a, b in zip(x, y, strict=True)]
+    assert poi.estimate == pytest.approx(np.mean(per_task))
+    assert poi.low <= poi.estimate <= poi.high and poi.runs == 5 + 3
+    # Ties count half; a task one side lacks is left out.
+    tie = statistics.probability_of_improvement([[1.0, 2.0], [5.0]], [[1.0, 2.0], []])
+    assert tie.estimate == pytest.approx(0.5)
+
+
+def test_probability_of_improvement_interval_separates_only_clear_gaps() -> None:
+    better = statistics.probability_of_improvement([[10.0, 11.0, 12.0]], [[1.0, 2.0, 3.0]])
+    assert (better.estimate, better.low, better.high) == (1.0, 1.0, 1.0)
+    rng = np.random.default_rng(0)
+    same = statistics.probability_of_improvement([rng.normal(0, 1, 5)], [rng.normal(0, 1, 5)])
+    assert same.low < 0.5 < same.high  # one configuration against itself: not distinguishable
+    one = statistics.probability_of_improvement([[3.0]], [[1.0]])
+    assert one.estimate == 1.0 and not one.known  # one run a side: no interval
+    with pytest.raises(ValueError, match="no task with scores on both sides"):
+        statistics.probability_of_improvement([[1.0]], [[]])
+
+
 def test_training_clock_counts_rollouts_and_updates_up_to_each_evaluation() -> None:
     clock = statistics.training_clock(metrics([0.0, 0.0, 0.0]))
     assert clock is not None

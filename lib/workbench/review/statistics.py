@@ -9,6 +9,8 @@
   are checked against its definitions (tests/test_statistics.py).
 - **Performance profiles** (rliable's score distributions): the fraction of runs whose score
   exceeds a threshold τ, for every τ, with the same bootstrap's pointwise intervals.
+- **Probability of improvement** of one configuration over another (rliable's P(X > Y)),
+  with its interval: whether a change mattered, or is not distinguishable with these seeds.
 - **Training seconds** at each logged step (the sum of ``time/rollout_s`` and
   ``time/update_s``: the time the run spent training, evaluations left out) and the **time to
   a target return**.
@@ -166,6 +168,41 @@ def performance_profile(strata: Sequence[Sequence[float]], taus: np.ndarray, *,
     fraction, low, high = bootstrap_interval(strata, above, reps=reps, confidence=confidence,
                                              seed=seed)
     return Profile(taus, fraction, low, high)
+
+
+def probability_of_improvement(x_strata: Sequence[Sequence[float]],
+                               y_strata: Sequence[Sequence[float]], *,
+                               reps: int = BOOTSTRAP_REPS, confidence: float = CONFIDENCE,
+                               seed: int = BOOTSTRAP_SEED) -> Interval:
+    """P(X > Y), rliable's probability of improvement: the chance that a run of X scores
+    above a run of Y on the same task (ties count half: the Mann-Whitney U over ``n x m``),
+    averaged over the tasks, with a percentile interval from resampling the runs of X and of
+    Y independently within each task (rliable's ``StratifiedIndependentBootstrap``).
+
+    ``x_strata[i]`` and ``y_strata[i]`` hold one task's scores; a task either side lacks is
+    left out. ``runs`` is the smaller side's runs, summed over the tasks: one run a side
+    gives an estimate and no interval.
+    """
+    pairs = [(np.asarray(x, dtype=float), np.asarray(y, dtype=float))
+             for x, y in zip(x_strata, y_strata, strict=True) if len(x) and len(y)]
+    if not pairs:
+        raise ValueError("no task with scores on both sides")
+    rng = np.random.default_rng(seed)
+
+    def beats(x: np.ndarray, y: np.ndarray) -> np.ndarray:  # (..., n), (..., m) -> (...)
+        diff = x[..., :, None] - y[..., None, :]
+        return np.mean((diff > 0) + 0.5 * (diff == 0), axis=(-2, -1))
+
+    estimate = np.mean([beats(x, y) for x, y in pairs])
+    samples = np.mean([beats(x[rng.integers(0, len(x), size=(reps, len(x)))],
+                             y[rng.integers(0, len(y), size=(reps, len(y)))])
+                       for x, y in pairs], axis=0)
+    runs = sum(min(len(x), len(y)) for x, y in pairs)
+    if runs < 2:
+        return Interval(float(estimate), math.nan, math.nan, runs)
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(samples, [tail, 100 - tail])
+    return Interval(float(estimate), float(low), float(high), runs)
 
 
 def overlapping(intervals: Sequence[Interval]) -> list[list[int]]:
