@@ -104,8 +104,7 @@ def sweep_axes(sweep: SweepConfig) -> list[Axis]:
             given = DEFAULT_NUM_ENVS if key == "env.num_envs" else DEFAULT_N_STEPS
         if given is not None:
             if not given:
-                example = hydra_value(DEFAULT_NUM_ENVS if key == "env.num_envs"
-                                      else DEFAULT_N_STEPS)
+                example = "[1,2,4]" if key == "env.num_envs" else "[128,256]"
                 raise ConfigError(f"{setting}=[]: the grid needs at least one value, "
                                   f"e.g. {setting}={example}")
             axes.append(Axis(key, tuple(dict.fromkeys(given)), shorthand=True))
