@@ -17,12 +17,13 @@ import psutil
 import pytest
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
-from workbench.config import ConfigError, SweepConfig
+from workbench.config import ConfigError, SweepConfig, config_id
 from workbench.sweeps import store as store_module
 from workbench.sweeps import sweep
 from workbench.sweeps.executors import LocalExecutor
 from workbench.sweeps.plan import expand_grid, plan_sweep, point_name
 from workbench.sweeps.point import PointOutcome, point_environment, point_specs
+from workbench.sweeps.request import check_request
 from workbench.training import load_config
 from workbench.training.describe import default_run_name
 
@@ -155,6 +156,133 @@ def test_results_table() -> None:
     ]
 
 
+# --------------------------------------------------------------------------- grids of any keys
+
+
+LR_GRID = "sweep.grid={algo.learning_rate:[1e-4,3e-4],env:[hopper,walker2d]}"
+
+
+@pytest.mark.unit
+def test_a_grid_crosses_any_keys_with_seeds_and_names_points_by_what_varies() -> None:
+    plan = plan_sweep([LR_GRID, "sweep.seeds=[0,1]", "algo.n_epochs=3"])
+    assert [p.name for p in plan.points] == [
+        "lr1e-4-hopper-s0", "lr1e-4-hopper-s1", "lr1e-4-walker2d-s0", "lr1e-4-walker2d-s1",
+        "lr3e-4-hopper-s0", "lr3e-4-hopper-s1", "lr3e-4-walker2d-s0", "lr3e-4-walker2d-s1"]
+    # One key at a time is the same grid (Hydra nests it; the sweep reads it back flat).
+    nested = plan_sweep(["sweep.grid.algo.learning_rate=[1e-4,3e-4]",
+                         "sweep.grid.env=[hopper,walker2d]", "sweep.seeds=[0,1]",
+                         "algo.n_epochs=3"])
+    assert [p.name for p in nested.points] == [p.name for p in plan.points]
+    assert nested.sweep_id == plan.sweep_id
+    assert plan.grid_params()["sweep.grid"] == {"algo.learning_rate": [1e-4, 3e-4],
+                                                "env": ["hopper", "walker2d"]}
+    specs = {s.point: s for s in point_specs(plan, plan.points, "parent", "0", 1)}
+    spec = specs["lr1e-4-walker2d-s1"]
+    assert (spec.parameters["env"], spec.parameters["seed"]) == ("walker2d", 1)
+    assert spec.parameters["overrides"] == ["algo.n_epochs=3", "algo.learning_rate=0.0001",
+                                            "tracking.run_name=lr1e-4-walker2d-s1"]
+    # The notebook's composition of those parameters is the point's config.
+    walker = load_config(["env=walker2d", f"env.num_envs={spec.parameters['num_envs']}",
+                          f"algo.n_steps={spec.parameters['n_steps']}", "seed=1",
+                          *spec.parameters["overrides"]])
+    assert walker.algo.learning_rate == 1e-4 and walker.tracking.run_name == spec.point
+    assert json.loads(spec.env_vars["WORKBENCH_POINT_TAGS"]) == {
+        "sweep.grid.algo.learning_rate": "0.0001", "sweep.grid.env": "walker2d"}
+    assert spec.tags["workbench.config_id"] == config_id(walker)
+    assert specs["lr1e-4-walker2d-s0"].tags["workbench.config_id"] == config_id(walker)
+    assert specs["lr3e-4-walker2d-s1"].tags["workbench.config_id"] != config_id(walker)
+    assert "algo.learning_rate [0.0001, 0.0003] x env ['hopper', 'walker2d'] x seeds [0, 1] = " \
+        "8 points" in plan.describe()
+
+
+@pytest.mark.unit
+def test_today_s_grids_keep_their_names_and_ids() -> None:
+    """Without sweep.grid, num_envs x n_steps keeps its defaults, names and sweep id, so a
+    sweep started before grids of any key resumes; its points get the key tags too."""
+    plan = plan_sweep([])
+    assert [p.name for p in plan.points] == [
+        "halfcheetah-ne1-ns128-s0", "halfcheetah-ne1-ns256-s0", "halfcheetah-ne2-ns128-s0",
+        "halfcheetah-ne2-ns256-s0"]
+    assert plan.sweep_id == "default-d8925dab"
+    (spec, *_) = point_specs(plan, plan.points, "parent", "0", 1)
+    assert spec.parameters["overrides"] == []
+    assert spec.tags["sweep.grid.env.num_envs"] == "1"
+
+
+@pytest.mark.unit
+def test_each_grid_point_is_composed_with_its_own_group_choices() -> None:
+    plan = plan_sweep(["sweep.grid={experiment:[zoo_hopper,zoo_inverted_pendulum]}"])
+    for point in plan.points:
+        own = load_config([f"experiment={point.name.removesuffix('-s0')}"])
+        assert (point.env, point.num_envs, point.n_steps, point.total_timesteps) == (
+            own.env.name, own.env.num_envs, own.algo.n_steps, own.total_timesteps)
+    assert plan.env == "hopper,inverted_pendulum"
+    invalid = plan_sweep(["sweep.grid={algo.batch_size:[32,4096]}", *POINT_TINY]).invalid
+    assert list(invalid) == ["bs4096-s0"]
+    assert invalid["bs4096-s0"].startswith("algo.batch_size=4096 is larger")
+
+
+@pytest.mark.unit
+def test_the_config_id_ignores_the_seed_and_bookkeeping() -> None:
+    base = config_id(load_config(TINY))
+    assert config_id(load_config([*TINY, "seed=7"])) == base
+    assert config_id(load_config([*TINY, "tracking.run_name=mine", "tracking.experiment=x",
+                                  "video=off", "checkpoint.every_steps=0"])) == base
+    assert config_id(load_config([*TINY, "algo.learning_rate=1e-4"])) != base
+    assert config_id(load_config([*TINY, "env.normalize=false"])) != base
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("args", "line"), [
+    (["sweep.grid={algo.learnin_rate:[1e-4]}"],
+     "sweep.grid: algo.learnin_rate: unknown config key; did you mean algo.learning_rate? "),
+    (["sweep.grid={env:[hoper]}"],
+     "sweep.grid: env=hoper: unknown env option (did you mean hopper?); choose one of "),
+    (["sweep.grid={algo.learning_rate:[]}"],
+     "sweep.grid key algo.learning_rate=[]: the axis needs at least one value"),
+    ([LR_GRID, "algo.learning_rate=1e-3"],
+     "'algo.learning_rate=1e-3' on the command line: algo.learning_rate is also a key of "
+     "sweep.grid, which sets it per point; drop one of them"),
+    ([LR_GRID, "sweep.overrides=['env=ant']"],
+     "'env=ant' in sweep.overrides: env is also a key of sweep.grid"),
+    (["sweep.grid={env.num_envs:[1,2]}", "sweep.num_envs=[4]"],
+     "sweep.num_envs=[4] with sweep.grid key env.num_envs: both set the same axis"),
+    (["sweep=iso_batch", "sweep.grid={algo.n_steps:[64]}"],
+     "sweep.grid key algo.n_steps with sweep.iso_batch: "),
+    (["sweep.grid={seed:[1,2]}"], "sweep.grid key seed: seed is set per point by the sweep; "
+                                  "use sweep.seeds instead"),
+    (["sweep.grid={algo.learning_rate:1e-4}"],
+     "sweep.grid key algo.learning_rate=0.0001: an axis is a list of values; write "),
+    (["sweep.grid={algo.learning_rate:[abc]}"], "sweep.grid: algo.learning_rate=abc: "),
+    (["sweep.grid={sweep.workers:[1,2]}"], "sweep.grid key sweep.workers: the sweep's own "),
+    (["sweep.grid={algo.learning_rate:[1,2,3,4,5,6,7,8,9]}", "sweep.seeds=[0,1,2,3,4,5,6,7]"],
+     "sweep: 72 points (9 algo.learning_rate x 8 seeds) is more than sweep.max_points=64; "
+     "pass --yes to run them all, or set sweep.max_points=72"),
+])
+def test_bad_grids_are_refused_in_one_line(args: list[str], line: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        check_request(args)
+    assert str(info.value).startswith(line) and "\n" not in str(info.value)
+
+
+@pytest.mark.unit
+def test_a_large_grid_runs_when_confirmed() -> None:
+    args = ["sweep.grid={algo.gamma:[0.9,0.95,0.99]}", "sweep.seeds=[0,1]", "sweep.max_points=5"]
+    assert len(check_request(args, yes=True).points) == 6
+    assert len(check_request([*args, "sweep.max_points=6"]).points) == 6
+
+
+def test_cli_refuses_a_bad_grid_before_writing(store: Path) -> None:
+    proc = run_cli("sweep", "sweep.grid={env:[hoper]}")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr.startswith("workbench: error: sweep.grid: env=hoper: unknown env option "
+                                  "(did you mean hopper?)")
+    big = ["sweep", "sweep.grid={algo.gamma:[0.9,0.99]}", "sweep.max_points=1"]
+    proc = run_cli(*big)
+    assert proc.returncode == 2 and "pass --yes to run them all" in proc.stderr
+    assert not store.exists()
+
+
 def test_cli_bad_sweep_input_exits_2_before_writing(store: Path) -> None:
     proc = run_cli("sweep", "sweep.num_envs=[]")
     assert proc.returncode == 2
@@ -203,6 +331,14 @@ def test_two_by_two_sweep_with_two_workers_then_resume(
         assert run.data.tags["sweep.point"] == run.info.run_name
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert run.data.params["derived.torch_threads"] == "1"  # 2 cores / 2 workers
+        assert run.data.tags["sweep.grid.env.num_envs"] == run.data.params["env.num_envs"]
+    # Seeds of one configuration share its id; another rollout shape is another config.
+    config_ids: dict[str, set[str]] = {}
+    for run in reportdata.sweep_runs(shared.uri, "child"):
+        config_ids.setdefault(run.info.run_name[:-3], set()).add(
+            run.data.tags["workbench.config_id"])
+    assert all(len(ids) == 1 for ids in config_ids.values()), config_ids
+    assert len(set.union(*config_ids.values())) == 4
     out_dir = shared.experiments / "sweeps" / sweep_id
     assert sorted(p.name for p in out_dir.glob("*-s0.ipynb")) == [f"{n}.ipynb" for n in names]
     executed = nbformat.read(out_dir / "halfcheetah-ne2-ns64-s0.ipynb", as_version=4)
@@ -258,6 +394,31 @@ def test_two_by_two_sweep_with_two_workers_then_resume(
         before["sweep/wall_time_s"] + resumed["sweep/attempt_wall_time_s"])
     shared_children = reportdata.sweep_runs(shared.uri, "child")  # the source is untouched
     assert sorted(r.info.status for r in shared_children) == ["FINISHED"] * 8
+
+
+@pytest.mark.slow
+def test_a_grid_sweep_passes_its_keys_tags_its_runs_and_resumes(store: Path) -> None:
+    """Two learning rates: each point's run has its rate, the key tag and its config id
+    (the one the pre-check computed); a rerun finds both FINISHED and skips them."""
+    args = ["sweep", "sweep.grid={algo.learning_rate:[1e-4,3e-4]}", *POINT_TINY, "video=off"]
+    proc = run_cli(*args, env=CORES_2, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    plan = plan_sweep(args[1:])
+    runs = {r.info.run_name: r for r in runs_of("child")}
+    assert sorted(runs) == ["lr1e-4-s0", "lr3e-4-s0"]
+    for point in plan.points:
+        run = runs[point.name]
+        rate = dict(point.keys)["algo.learning_rate"]
+        assert run.info.status == "FINISHED"
+        assert float(run.data.params["algo.learning_rate"]) == rate
+        assert run.data.tags["sweep.grid.algo.learning_rate"] == str(rate)
+        assert run.data.tags["sweep.point"] == point.name
+        assert run.data.tags["workbench.config_id"] == point.config_id
+    assert len({r.data.tags["workbench.config_id"] for r in runs.values()}) == 2
+    again = run_cli(*args, env=CORES_2, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert ": 0 points (2 FINISHED earlier, skipped)" in again.stdout
+    assert len(runs_of("child")) == 2
 
 
 def test_a_small_rollout_sweep_trains_with_the_points_own_minibatch(store: Path) -> None:

@@ -106,12 +106,15 @@ def run_train(args: argparse.Namespace) -> int:
 
 def setup_sweep(parser: argparse.ArgumentParser) -> Runner:
     """``workbench sweep [OVERRIDES]``."""
+    parser.add_argument("--yes", action="store_true",
+                        help="run a grid of more than sweep.max_points points (default 64)")
     add_overrides(parser, "env=hopper 'sweep.num_envs=[1,2,4]' 'sweep.n_steps=[128,256]' "
                           "'sweep.seeds=[0,1]' total_timesteps=50000")
     from workbench.sweeps import request
 
     def run(args: argparse.Namespace) -> int:
-        checked = request.check_request(args.overrides)  # before MLflow, torch, the simulator
+        # before MLflow, torch, the simulator
+        checked = request.check_request(args.overrides, yes=args.yes)
         from workbench.sweeps.sweep import ClusterLost, run_sweep
 
         try:
@@ -258,8 +261,9 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "train": Command("train one PPO run; prints its MLflow run id", setup_train),
-    "sweep": Command("sweep notebooks/train.ipynb over sweep.num_envs x sweep.n_steps x "
-                     "sweep.seeds with papermill", setup_sweep),
+    "sweep": Command("sweep notebooks/train.ipynb over a grid of config keys x sweep.seeds "
+                     "with papermill: sweep.grid={KEY:[VALUES],...} and/or sweep.num_envs x "
+                     "sweep.n_steps", setup_sweep),
     "tune": Command("tune hyperparameters: an Optuna study over search.params whose trials are "
                     "papermill executions of notebooks/train.ipynb", setup_tune),
     "ui": Command("open the MLflow UI on the configured store (127.0.0.1)", setup_ui),

@@ -4,6 +4,7 @@
     compose.py  conf/config.yaml + overrides -> validated config (``load_config``)
     checks.py   merging into the schema, range and cross-field checks
     derived.py  rollout size, minibatches, iterations, env seeds
+    identity.py the seed-free configuration id (tag ``workbench.config_id``)
     errors.py   ``ConfigError``: one line naming the key, the problem and the fix (exit 2)
 
 This layer imports nothing else of the workbench but :mod:`workbench.paths`.
@@ -29,6 +30,7 @@ from workbench.config.compose import (
 )
 from workbench.config.derived import Derived, derive
 from workbench.config.errors import ConfigError
+from workbench.config.identity import CONFIG_ID_TAG, config_id
 from workbench.config.schema import (
     Activation,
     AlgoConfig,
@@ -62,12 +64,13 @@ from workbench.config.schema import (
 
 __all__ = [
     "GROUPS", "SCHEMA_NAME", "Activation", "AlgoConfig", "Device", "Schedule", "SweepExecutor",
-    "VecEnvBackend", "CheckpointConfig", "ConfigError", "ConsoleConfig",
+    "VecEnvBackend", "CheckpointConfig", "CONFIG_ID_TAG", "ConfigError", "ConsoleConfig",
     "Derived", "EnvConfig", "EvalConfig", "InitConfig", "PolicyConfig", "RandomizationConfig",
     "RayConfig", "ReproConfig", "SearchConfig", "SweepConfig", "TrackingConfig",
     "TuneConfig", "TuneObjective", "TunePruner", "TuneSampler", "VideoConfig",
     "WorkbenchConfig",
     "MAX_NAME_LENGTH", "MAX_TAG_VALUE_LENGTH", "check_names",
-    "check_overrides", "check_values", "compose", "conf_dir", "derive", "flatten", "from_yaml",
+    "check_overrides", "check_values", "compose", "conf_dir", "config_id", "derive", "flatten",
+    "from_yaml",
     "group_options", "load_config", "precheck", "schema_type", "to_dict", "to_yaml", "validate",
 ]

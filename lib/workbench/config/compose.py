@@ -80,7 +80,7 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
     check_overrides(overrides)
     # The schema is the first entry of config.yaml's defaults list: every key exists with its
     # type before the YAML files and overrides are merged in (Hydra's structured configs).
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=WorkbenchConfig)
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=schema_node())
     GlobalHydra.instance().clear()
     # Hydra's search path (primary config first): the user's written config after conf/.
     extra = user_conf_dir()
@@ -92,6 +92,18 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
         raise
     except Exception as exc:  # Hydra wraps OmegaConf errors in several exception types
         raise ConfigError(describe_hydra_error(exc, overrides)) from exc
+
+
+def schema_node() -> DictConfig:
+    """The schema as Hydra's first config, with ``sweep.grid`` open to new keys.
+
+    Hydra composes in struct mode, where a dict field takes a key only through ``+``;
+    ``sweep.grid={algo.learning_rate:[1e-4,3e-4]}`` names every key it adds, so the grid's
+    node is not in struct mode (its keys are checked by workbench.sweeps.grid instead).
+    """
+    node = OmegaConf.structured(WorkbenchConfig)
+    OmegaConf.set_struct(node.sweep.grid, False)
+    return node
 
 
 def load_config(overrides: Sequence[str] = ()) -> WorkbenchConfig:

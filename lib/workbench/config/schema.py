@@ -326,8 +326,14 @@ class SweepConfig:
 
     name: str = "default"  # the sweep id's prefix
     id: str | None = None  # None: <name>-<hash of points and overrides>; set to extend a sweep
-    num_envs: list[int] = field(default_factory=lambda: [1, 2])
-    n_steps: list[int] = field(default_factory=lambda: [128, 256])
+    # Any config keys, group choices included, each with its values: crossed with each other,
+    # with num_envs / n_steps when set, and with seeds, e.g. {algo.learning_rate: [1e-4, 3e-4],
+    # env: [hopper, walker2d]} (workbench.sweeps.grid, docs/sweeps.md)
+    grid: dict[str, Any] = field(default_factory=dict)
+    # env.num_envs / algo.n_steps values (shorthand for those grid keys); None: [1, 2] and
+    # [128, 256] when sweep.grid is empty, else the config's own value (not an axis)
+    num_envs: list[int] | None = None
+    n_steps: list[int] | None = None
     seeds: list[int] = field(default_factory=lambda: [0])
     iso_batch: int | None = None  # keep num_envs * n_steps == iso_batch (n_steps derived)
     workers: int = ranged(2, 1, example=2)  # concurrent points; each gets cores / workers CPUs
@@ -335,6 +341,9 @@ class SweepConfig:
     # seconds per point (kernel start included); None: no limit
     timeout: float | None = ranged(None, 0, above=True, example=3600)
     overrides: list[str] = field(default_factory=list)  # extra overrides for every point
+    # a grid of more points than this needs `workbench sweep --yes` (a typo like [1,2,4,8,16]
+    # x five seeds x four rates is 100 trainings)
+    max_points: int = ranged(64, 1, example=64)
     ray: RayConfig = field(default_factory=RayConfig)  # with executor=ray
 
 

@@ -2,8 +2,8 @@
 
 ``plan_sweep(overrides)`` checks the request's config (:func:`workbench.sweeps.request.
 check_request`: the grid, the sweep's settings, every point's cross-field checks), then the
-env checks once and the tracking store, and returns a :class:`SweepPlan`: nothing computed or
-written yet.
+env checks once per group choice and the tracking store, and returns a :class:`SweepPlan`:
+nothing computed or written yet.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 from workbench import paths
 from workbench.config import ConfigError
 from workbench.envs.checks import check_config
+from workbench.sweeps.grid import plain
 from workbench.sweeps.request import Point, SweepRequest, check_request
 from workbench.sweeps.request import expand_grid as expand_grid  # the grid's API, as before
 from workbench.sweeps.request import point_name as point_name
@@ -47,6 +48,7 @@ class SweepPlan:
     experiment: str
     out_dir: Path  # experiments/sweeps/<sweep_id>: executed notebooks
     invalid: dict[str, str] = field(default_factory=dict)  # point -> config error
+    grid: dict[str, list[Any]] = field(default_factory=dict)  # sweep.grid's axes, if any
 
     def grid_params(self) -> dict[str, Any]:
         """The parent run's params: the grid and what every point shares."""
@@ -55,6 +57,7 @@ class SweepPlan:
             "sweep.id": self.sweep_id,
             "sweep.name": self.name,
             "sweep.env": self.env,
+            **({"sweep.grid": self.grid} if self.grid else {}),
             "sweep.num_envs": num_envs,
             "sweep.n_steps": sorted({p.n_steps for p in self.points}),
             "sweep.seeds": sorted({p.seed for p in self.points}),
@@ -64,13 +67,20 @@ class SweepPlan:
             "sweep.total_timesteps": self.total_timesteps,
         }
 
+    def grid_line(self) -> str:
+        """``num_envs [1, 2] x n_steps [64, 128] x seeds [0]``, a grid sweep's keys first."""
+        params = self.grid_params()
+        axes = [f"{key} {values}" for key, values in self.grid.items()]
+        if not self.grid or any(k == "env.num_envs" for k, _ in self.points[0].keys):
+            axes.append(f"num_envs {params['sweep.num_envs']}")
+        if not self.grid or any(k == "algo.n_steps" for k, _ in self.points[0].keys):
+            axes.append(f"n_steps {params['sweep.n_steps']}")
+        return " x ".join([*axes, f"seeds {params['sweep.seeds']}"])
 
     def describe(self) -> str:
         """The parent run's description in MLflow's UI: the grid, the budget, the seeds."""
-        grid = self.grid_params()
         shared = f"; overrides {' '.join(self.point_overrides)}" if self.point_overrides else ""
-        return (f"Sweep {self.sweep_id} on {self.env}: num_envs {grid['sweep.num_envs']} x "
-                f"n_steps {grid['sweep.n_steps']} x seeds {grid['sweep.seeds']} = "
+        return (f"Sweep {self.sweep_id} on {self.env}: {self.grid_line()} = "
                 f"{len(self.points)} points of {self.total_timesteps} env steps each, "
                 f"{self.workers} worker(s) on {self.executor}{shared}.")
 
@@ -87,11 +97,13 @@ def plan_sweep(overrides: Sequence[str] | SweepRequest) -> SweepPlan:
     tracking_uri = resolve_tracking_uri(typed.tracking.uri)
     if sweep.executor == "ray":
         check_no_password_travels(tracking_uri)
-    check_config(typed)  # the env checks, once: every point shares env.id, kwargs, randomization
+    for variant in request.variants or [typed]:  # once per group choice: env.id, kwargs, ...
+        check_config(variant)
+    envs = list(dict.fromkeys(p.env for p in request.points))
     return SweepPlan(
         sweep_id=request.sweep_id,
         name=sweep.name,
-        env=typed.env.name,
+        env=",".join(envs),
         points=request.points,
         point_overrides=request.point_overrides,
         total_timesteps=typed.total_timesteps,
@@ -104,6 +116,8 @@ def plan_sweep(overrides: Sequence[str] | SweepRequest) -> SweepPlan:
         experiment=typed.tracking.experiment,
         out_dir=paths.experiments_dir() / "sweeps" / request.sweep_id,
         invalid=request.invalid,
+        grid={axis.key: [plain(v) for v in axis.values] for axis in request.axes
+              if not axis.shorthand},
     )
 
 

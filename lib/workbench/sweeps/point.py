@@ -25,6 +25,7 @@ from mlflow.tracking import MlflowClient
 
 from workbench import paths
 from workbench.sweeps.claim import claim_holder, point_claim
+from workbench.sweeps.grid import key_tags
 from workbench.sweeps.plan import NOTEBOOK, Point, SweepPlan
 from workbench.sweeps.store import child_filter, search_all
 from workbench.tracking.redaction import scrub_command
@@ -100,9 +101,9 @@ def point_specs(plan: SweepPlan, points: Sequence[Point], parent_id: str, experi
             "env": point.env,
             "num_envs": point.num_envs,
             "n_steps": point.n_steps,
-            "total_timesteps": plan.total_timesteps,
+            "total_timesteps": point.total_timesteps or plan.total_timesteps,
             "seed": point.seed,
-            "overrides": list(plan.point_overrides),
+            "overrides": [*plan.point_overrides, *point.overrides()],
             "sweep_id": plan.sweep_id,
             "parent_run_id": parent_id,
             "point": point.name,
@@ -116,8 +117,10 @@ def point_specs(plan: SweepPlan, points: Sequence[Point], parent_id: str, experi
             tracking_uri=plan.tracking_uri,
             parameters=parameters,
             tags={"env": point.env, "num_envs": str(point.num_envs),
-                  "n_steps": str(point.n_steps), "seed": str(point.seed)},
+                  "n_steps": str(point.n_steps), "seed": str(point.seed), **point.tags()},
             env_vars={
+                # the notebook tags its run with them (its config id it computes itself)
+                POINT_TAGS_ENV: json.dumps(key_tags(point.keys)),
                 # Every point logs to the sweep's store, whatever the worker's own settings.
                 "MLFLOW_TRACKING_URI": plan.tracking_uri,
                 "WORKBENCH_CPU_BUDGET": budget,  # -> torch threads (workbench.envs)

@@ -87,8 +87,9 @@ def execute_point_remote(spec: PointSpec) -> PointOutcome:
     the kernel's log travel back in the outcome, and the driver keeps them under
     experiments/sweeps/. The point's run is tagged with this node."""
     tags = node_tags()
+    grid_tags = json.loads(spec.env_vars.get(POINT_TAGS_ENV) or "{}")  # the point's own
     spec = replace(spec, tags={**spec.tags, **tags},
-                   env_vars={**spec.env_vars, POINT_TAGS_ENV: json.dumps(tags)})
+                   env_vars={**spec.env_vars, POINT_TAGS_ENV: json.dumps({**grid_tags, **tags})})
     with tempfile.TemporaryDirectory(prefix="workbench-point-") as tmp:
         output = Path(tmp) / f"{spec.point}.ipynb"
         outcome = execute_point(spec, output)

@@ -223,9 +223,7 @@ def print_plan(plan: SweepPlan, executor: Executor, parent_id: str, todo: int,
     """What the sweep is about to do, printed once."""
     rows = {
         "sweep": f"{plan.sweep_id}  (parent run {parent_id})",
-        "grid": f"{plan.env}: num_envs {sorted({p.num_envs for p in plan.points})} x "
-                f"n_steps {sorted({p.n_steps for p in plan.points})} x "
-                f"seeds {sorted({p.seed for p in plan.points})} = {len(plan.points)} points",
+        "grid": f"{plan.env}: {plan.grid_line()} = {len(plan.points)} points",
         "to run": f"{todo} points ({skipped} FINISHED earlier, skipped)",
         "budget": f"{plan.total_timesteps} steps per point"
                   + (f", timeout {plan.timeout:g} s" if plan.timeout else ""),

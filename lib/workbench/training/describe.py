@@ -60,6 +60,8 @@ def run_tags_for(cfg: WorkbenchConfig) -> dict[str, str]:
         "num_envs": str(cfg.env.num_envs),
         "n_steps": str(cfg.algo.n_steps),
         "seed": str(cfg.seed),
+        # the seed-free configuration id: MLflow groups the seeds of one config by it
+        config.CONFIG_ID_TAG: config.config_id(cfg),
     }
     if cfg.experiment_name:
         tags["preset"] = cfg.experiment_name
