@@ -304,18 +304,9 @@ def test_the_stop_lines_resume_runs_in_the_notebook(finished_run: FinishedRun,
     assert steps == [128, 256, 384, 512]
 
 
-def test_wrong_type_and_unknown_name_stop_in_the_check_cell(store: Path,
-                                                            tmp_path: Path) -> None:
+def test_an_unknown_name_stops_in_the_check_cell(store: Path, tmp_path: Path) -> None:
+    """(A wrong type, through papermill's command line: tests/test_notebook_errors.py.)"""
     output = tmp_path / "bad.ipynb"
-    with pytest.raises(PapermillExecutionError) as info:
-        papermill.execute_notebook(str(NOTEBOOK), str(output),
-                                   parameters={"num_envs": "four"}, progress_bar=False)
-    assert info.value.ename == "ParameterError"
-    assert info.value.evalue.startswith("notebook parameter num_envs='four': expected int")
-    nb = nbformat.read(output, as_version=4)
-    failed = [c for c in nb.cells if c.get("metadata", {}).get("papermill", {}).get("exception")]
-    assert [c.id for c in failed] == ["check-parameters"]
-
     with pytest.raises(PapermillExecutionError) as info:
         papermill.execute_notebook(str(NOTEBOOK), str(output),
                                    parameters={"num_env": 8}, progress_bar=False)
