@@ -15,7 +15,8 @@ PY := $(VENV)/bin/python
 #      build and says which in one line: TORCH=auto (the default) reads the driver's CUDA
 #      level from nvidia-smi (no driver: cpu), or name one: cpu, cu126, cu128, cu130, pypi.
 # `make setup` adds the project, editable, with its extras (everything is already there: pip
-# only checks that, and `pip check` that the set is consistent) and registers the kernel.
+# only checks that, and `pip check` that the set is consistent), registers the kernel and
+# papermill's one-line errors.
 # The split lets the Containerfile cache the large first part apart from the code.
 # LOCK= (empty) skips step 1 and takes pyproject.toml's ranges (macOS, another Python: the
 # lock is for Linux x86_64, Python 3.11). TORCH_INDEX=URL replaces
@@ -32,9 +33,12 @@ TORCH_ROUTE = "$(PYTHON)" scripts/torch_build.py $(1) $(2)$(if $(TORCH_INDEX), -
 # are dropped from its stderr.
 pip_install = echo "$(PY) -m pip install $(1)" && \
 	"$(PY)" -m pip install -q $(1) 2> >(grep -v "^WARNING: Location" >&2)
-# The project's Jupyter kernel, "workbench" (notebooks, papermill sweeps); `make kernel` for
-# an environment made otherwise (conda: make kernel VENV=$$CONDA_PREFIX).
+# The project's Jupyter kernel, "workbench" (notebooks, papermill sweeps), and the .pth file
+# that makes papermill's own command line end on the workbench's one-line error instead of its
+# traceback when a notebook stops on bad input (lib/workbench/notebook_errors.py); `make kernel`
+# for an environment made otherwise (conda: make kernel VENV=$$CONDA_PREFIX).
 KERNEL := ipykernel install --sys-prefix --name workbench --display-name "Python (workbench)"
+PAPERMILL_HOOK := workbench.notebook_errors
 ARGS ?=
 # Jupyter refuses to run as root without this flag (containers, CI machines run as root).
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
@@ -71,11 +75,13 @@ $(STAMP): $(DEPS_STAMP) pyproject.toml
 	@$(call pip_install,-e '.[$(EXTRAS)]')
 	"$(PY)" -m pip check
 	"$(PY)" -m $(KERNEL) >/dev/null
+	"$(PY)" -m $(PAPERMILL_HOOK) >/dev/null
 	@$(MAKE) --no-print-directory git-filter
 	@touch $@
 
 kernel:
 	"$(PY)" -m $(KERNEL)
+	"$(PY)" -m $(PAPERMILL_HOOK)
 
 # Notebooks are committed without outputs: .gitattributes routes *.ipynb through nbstripout's
 # git filter, and this registers the filter in the checkout's .git/config (outside a git work

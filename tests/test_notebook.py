@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import ast
 import base64
+import html
 import json
 import os
 import re
+import struct
 from pathlib import Path
 
 import nbformat
@@ -21,7 +23,7 @@ from papermill.iorw import load_notebook_node
 from papermill.parameterize import parameterize_notebook
 from workbench import notebook
 from workbench.notebook import CurveHistory, ParameterError, check_parameters
-from workbench.training.trainer import TrainResult
+from workbench.training.trainer import TrainResult, summary_rows
 
 from .conftest import ROOT, TINY, copy_store
 from .trained_run import FinishedRun
@@ -231,9 +233,35 @@ def test_curve_history_dates_train_values_like_mlflow() -> None:
 
 
 @pytest.mark.unit
-def test_render_curves_gives_a_png() -> None:
+def test_the_summary_shows_every_value_in_full() -> None:
+    """The model and checkpoint rows end on the commands that export and resume the run: the
+    notebook's table shows them whole (pandas cut values at 50 characters), as text too."""
+    run_id = "b98bd61d7e5044a580a187c6d9259e52"
+    result = TrainResult(run_id=run_id, run_name="n", experiment_id="1",
+                         tracking_uri="sqlite:///x.db", status="FINISHED", num_timesteps=384,
+                         eval_mean_reward=1.0, eval_std_reward=0.0, fps=1.0, wall_time_s=1.0,
+                         peak_rss_mb=1.0, artifact_uri=f"file:///store/<1>/{run_id}/artifacts",
+                         checkpoint="checkpoints/step-000000000384")
+    table = notebook.summary_table(result)
+    page = table._repr_html_()
+    for name, value in summary_rows(result):
+        assert f'white-space: nowrap">{html.escape(name)}</th>' in page
+        assert f'<td style="text-align: left">{html.escape(str(value))}</td>' in page
+    assert f"workbench export --run {run_id} for ONNX)" in page
+    assert f"file:///store/&lt;1&gt;/{run_id}/artifacts" in page  # escaped
+    assert f"workbench train resume={run_id} total_timesteps=<more> continues it)" in repr(table)
+    assert repr(table).splitlines()[0] == f"run id             {run_id}"
+
+
+@pytest.mark.unit
+def test_render_curves_gives_a_png_legible_unscaled_at_1280_px() -> None:
     png = notebook.render_curves({"train/entropy": [(1, 0.5), (2, 0.4)]}, total=4)
     assert png.startswith(b"\x89PNG")
+    width, height = struct.unpack(">II", png[16:24])  # the PNG's IHDR chunk
+    assert (width, height) == (820, 460)  # JupyterLab at 1280 px: 833 px of output width
+    figure = notebook.curves_figure({"train/entropy": [(1, 0.5)]}, total=4)
+    labels = [t for ax in figure.axes for t in [*ax.get_xticklabels(), *ax.get_yticklabels()]]
+    assert min(t.get_fontsize() for t in labels) * notebook.CURVES_DPI / 72 >= 12  # px
 
 
 # --------------------------------------------------------------------------- real execution
@@ -304,18 +332,9 @@ def test_the_stop_lines_resume_runs_in_the_notebook(finished_run: FinishedRun,
     assert steps == [128, 256, 384, 512]
 
 
-def test_wrong_type_and_unknown_name_stop_in_the_check_cell(store: Path,
-                                                            tmp_path: Path) -> None:
+def test_an_unknown_name_stops_in_the_check_cell(store: Path, tmp_path: Path) -> None:
+    """(A wrong type, through papermill's command line: tests/test_notebook_errors.py.)"""
     output = tmp_path / "bad.ipynb"
-    with pytest.raises(PapermillExecutionError) as info:
-        papermill.execute_notebook(str(NOTEBOOK), str(output),
-                                   parameters={"num_envs": "four"}, progress_bar=False)
-    assert info.value.ename == "ParameterError"
-    assert info.value.evalue.startswith("notebook parameter num_envs='four': expected int")
-    nb = nbformat.read(output, as_version=4)
-    failed = [c for c in nb.cells if c.get("metadata", {}).get("papermill", {}).get("exception")]
-    assert [c.id for c in failed] == ["check-parameters"]
-
     with pytest.raises(PapermillExecutionError) as info:
         papermill.execute_notebook(str(NOTEBOOK), str(output),
                                    parameters={"num_env": 8}, progress_bar=False)

@@ -33,7 +33,6 @@ from workbench.training.trainer import summary_rows
 from workbench.tuning.trial import TrialSession, open_trial
 
 if TYPE_CHECKING:
-    import pandas
     from matplotlib.figure import Figure
 
     from workbench.training.trainer import TrainResult
@@ -68,6 +67,10 @@ CURVES: tuple[tuple[str, str], ...] = (
 EVAL_KEY = "eval/mean_reward"
 # Field notes: a clip fraction near or above 0.3 means each update moves the policy too far.
 CLIP_FRACTION_WARNING = 0.3
+# The live figure: 820x460 px, so JupyterLab at 1280 px with its file browser open shows it
+# unscaled (833 px of output width), and matplotlib's 10 pt tick labels are 14 px on screen.
+CURVES_SIZE_IN = (8.2, 4.6)
+CURVES_DPI = 100
 
 
 class ParameterError(ConfigError):
@@ -364,7 +367,7 @@ def display_handle() -> Any:
 def render_curves(points: Mapping[str, Sequence[tuple[int, float]]], total: int) -> bytes:
     """The four curves as a PNG (matplotlib's object API: no pyplot state, no double display)."""
     buffer = io.BytesIO()
-    curves_figure(points, total).savefig(buffer, format="png", dpi=80)
+    curves_figure(points, total).savefig(buffer, format="png", dpi=CURVES_DPI)
     return buffer.getvalue()
 
 
@@ -378,7 +381,7 @@ def curves_figure(points: Mapping[str, Sequence[tuple[int, float]]], total: int)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(11, 6), layout="constrained")
+    figure = Figure(figsize=CURVES_SIZE_IN, dpi=CURVES_DPI, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(2, 2, sharex=True).ravel()
     last_step = max((step for series in points.values() for step, _ in series), default=0)
@@ -403,12 +406,33 @@ def curves_figure(points: Mapping[str, Sequence[tuple[int, float]]], total: int)
 # --------------------------------------------------------------------------- summary
 
 
-def summary_frame(result: TrainResult) -> pandas.DataFrame:
-    """The run's summary as a two-column table (rendered as HTML by Jupyter)."""
-    import pandas
+@dataclass(frozen=True)
+class SummaryTable:
+    """The run's summary as Jupyter shows it: every value in full, left-aligned.
 
-    rows = summary_rows(result)
-    return pandas.DataFrame(rows, columns=["", "value"]).set_index("")
+    pandas' HTML table cut each value at ``display.max_colwidth`` (50 characters), which hid
+    the artifact location and the export and resume commands of the model and checkpoint
+    rows; right-aligned, a value that wraps was hard to read. Plain text (``repr``) where a
+    front-end shows no HTML.
+    """
+
+    rows: Sequence[tuple[str, object]]
+
+    def _repr_html_(self) -> str:
+        cells = "".join(
+            f'<tr><th style="text-align: left; white-space: nowrap">{html_text(name)}</th>'
+            f'<td style="text-align: left">{html_text(str(value))}</td></tr>'
+            for name, value in self.rows)
+        return f'<table class="workbench-summary"><tbody>{cells}</tbody></table>'
+
+    def __repr__(self) -> str:
+        width = max((len(name) for name, _ in self.rows), default=0)
+        return "\n".join(f"{name:<{width}}  {value}" for name, value in self.rows)
+
+
+def summary_table(result: TrainResult) -> SummaryTable:
+    """The run's summary, as the console prints it, for the notebook's last output."""
+    return SummaryTable(summary_rows(result))
 
 
 # --------------------------------------------------------------------------- video
