@@ -143,7 +143,13 @@ demo: setup
 # tests (0: in this process); tests/conftest.py keeps the modules that share an expensive
 # fixture or time things on one worker. The 25 slowest tests close every run.
 TIER ?= not slow
+# Where the multi-node Ray tests run (TIER=all or slow), a third worker: they mostly wait on
+# Ray (their unit uses about a quarter of a core), and the third keeps both cores busy.
+ifeq ($(filter-out all slow,$(TIER)),)
+TEST_WORKERS ?= 3
+else
 TEST_WORKERS ?= 2
+endif
 PYTEST = "$(PY)" -m pytest --durations=25 -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
 	$(if $(filter all,$(TIER)),,-m "$(TIER)")
 
