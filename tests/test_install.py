@@ -202,6 +202,7 @@ def test_make_setup_installs_lock_then_the_chosen_torch_then_the_project(tmp_pat
         "-m pip install -q -e .[dev,team,ray,fast]",
         "-m pip check",
         "-m ipykernel install --sys-prefix --name workbench --display-name Python (workbench)",
+        "-m workbench.notebook_errors",  # papermill's one-line errors (a .pth file)
     ]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("torch ")]
     assert lines == [f"torch {version}: cu128 build from https://download.pytorch.org/whl/cu128; "
