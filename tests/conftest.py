@@ -7,6 +7,7 @@ import contextlib
 import functools
 import multiprocessing
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -185,6 +186,33 @@ def cpu_times() -> tuple[int, int]:
 
 
 CPU_AT_START = cpu_times()
+TEST_CPU_S: dict[str, float] = {}  # nodeid -> CPU seconds of the test's processes (controller)
+CPU_AT_TEST_START: dict[str, float] = {}  # nodeid -> this process's CPU count at its setup
+MOST_CPU = 15  # the summary names this many tests that cost the most CPU
+
+
+def process_cpu_s() -> float:
+    """CPU seconds of this process and of every child process it has waited for (a test's
+    commands, servers, kernels and their own children, once they exited)."""
+    own, children = (resource.getrusage(resource.RUSAGE_SELF),
+                     resource.getrusage(resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    CPU_AT_TEST_START[item.nodeid] = process_cpu_s()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item) -> Iterator[None]:
+    """The teardown report carries the CPU seconds the test cost (setup to teardown: a
+    session fixture counts where it is built), for the summary on the xdist controller."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when == "teardown" and item.nodeid in CPU_AT_TEST_START:
+        report.user_properties.append(
+            ("cpu_s", process_cpu_s() - CPU_AT_TEST_START.pop(item.nodeid)))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -193,12 +221,15 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if node is not None:
         worker = node.gateway.id
         WORKER_BUSY_S[worker] = WORKER_BUSY_S.get(worker, 0.0) + report.duration
+    cpu = dict(report.user_properties).get("cpu_s")
+    if cpu is not None:
+        TEST_CPU_S[report.nodeid] = float(cpu)
 
 
 @pytest.hookimpl(trylast=True)  # after the slowest durations
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """How busy each worker was (a worker idle long before the other ends is time lost), and
-    how busy the machine's cores were."""
+    """How busy each worker was (a worker idle long before the other ends is time lost), how
+    busy the machine's cores were, and which tests cost the most CPU."""
     if WORKER_BUSY_S:
         busy = ", ".join(f"{w} {s:.0f} s" for w, s in sorted(WORKER_BUSY_S.items()))
         terminalreporter.write_line(f"time in tests per xdist worker: {busy}")
@@ -207,6 +238,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         share = (busy_now - busy_then) / (total_now - total_then)
         terminalreporter.write_line(f"machine CPU busy during the run: {share:.0%} of "
                                     f"{os.cpu_count()} cores (every process, not only tests)")
+    if TEST_CPU_S:  # where the cores went: what to shrink when the run is too long
+        top = sorted(TEST_CPU_S.items(), key=lambda kv: -kv[1])[:MOST_CPU]
+        terminalreporter.write_line(f"the {len(top)} tests that cost the most CPU, of "
+                                    f"{sum(TEST_CPU_S.values()):.0f} CPU-s in all:")
+        for nodeid, cpu in top:
+            terminalreporter.write_line(f"{cpu:8.1f} CPU-s  {nodeid}")
 
 
 @pytest.fixture(autouse=True)
