@@ -87,7 +87,8 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep", metavar="ID",
                         help="a sweep id: A and B may then be its point names alone")
     parser.add_argument("--target", type=target, metavar="R",
-                        help="a target return: how long each side took to reach it")
+                        help="a target return: how long each side took to reach it "
+                        "(a negative one as --target=-50)")
     parser.add_argument("--allow-tasks", action="store_true",
                         help="compare runs of different tasks (their returns as they are)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")

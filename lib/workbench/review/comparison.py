@@ -251,18 +251,27 @@ def render_text(comparison: Comparison) -> str:
         lines.append(f"different tasks ({comparison.tasks[0]} vs {comparison.tasks[1]}): "
                      "returns compared as they are, not normalized")
     final = comparison.measures[0]
-    rows = [["measure", f"A ({len(final.a)} seeds)", f"B ({len(final.b)} seeds)", "P(B > A)"]]
+    rows = [["measure", f"A ({seeds(len(final.a))})", f"B ({seeds(len(final.b))})", "P(B > A)"]]
+    def scored(interval: Interval | None, n: int, of: int) -> str:  # fewer seeds: say so
+        return verdict.interval_text(interval) + (f" ({seeds(n)})" if n != of else "")
+
     for m in comparison.measures:
         poi = m.improvement
-        rows.append([m.name, verdict.interval_text(m.a_iqm), verdict.interval_text(m.b_iqm),
+        rows.append([m.name, scored(m.a_iqm, len(m.a), len(final.a)),
+                     scored(m.b_iqm, len(m.b), len(final.b)),
                      verdict.poi_text(poi).removeprefix("PoI ") if poi else "-"])
     if comparison.targets is not None:
         ta, tb = comparison.targets
-        rows.append([f"time to {ta.target:g}", ta.text(), tb.text(), ""])
+        rows.append([f"time to {ta.target:g}", ta.text(), tb.text(), "-"])
     lines += ["", "Whether it mattered (per side: IQM [95 % interval] over seeds; P(B > A): "
               "the probability of improvement with its interval)", *columns(rows),
               "", comparison.verdict]
     return "\n".join(lines) + "\n"
+
+
+def seeds(n: int) -> str:
+    """``1 seed``, ``3 seeds``."""
+    return f"{n} seed{'' if n == 1 else 's'}"
 
 
 def finite(value: float) -> float | None:

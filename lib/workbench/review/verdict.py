@@ -113,10 +113,14 @@ def value_at(series: Series | None, x: float) -> float:
 
 
 def common_end(series: Sequence[Series | None]) -> float | None:
-    """The largest x every logged series reaches: the smallest of their last xs (a run that
-    logged none, e.g. one that failed at start, has no say; None: no run logged any)."""
-    ends = [float(s.steps[-1]) for s in series if s is not None and len(s)]
-    return min(ends) if ends else None
+    """The largest x inside every logged series' range: the smallest of their last xs, when
+    no series starts after it (a run that logged none, e.g. one that failed at start, has no
+    say; None: no run logged any, or the ranges do not overlap)."""
+    logged = [s for s in series if s is not None and len(s)]
+    if not logged:
+        return None
+    end = min(float(s.steps[-1]) for s in logged)
+    return end if end >= max(float(s.steps[0]) for s in logged) else None
 
 
 def reward_by_seconds(metrics: Mapping[str, Series], key: str) -> Series | None:
