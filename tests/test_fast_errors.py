@@ -1,5 +1,6 @@
-"""A typo is answered at once: bad input to train, sweep, tune, export and report exits 2 with
-one line before torch, stable-baselines3, MLflow, matplotlib or the simulator is imported.
+"""A typo is answered at once: bad input to train, sweep, tune, export, report and compare exits
+2 with one line before torch, stable-baselines3, MLflow, matplotlib or the simulator is
+imported.
 
 Each row runs ``python -m workbench`` as a real subprocess with Python's import profiler on
 (``PYTHONPROFILEIMPORTTIME``, the same as ``-X importtime``): its stderr lists every module
@@ -34,6 +35,8 @@ BAD_INPUT = [
     (["report", "--sweeep", "demo"], "--sweeep"),
     (["report", "--approx-kl-max", "-1"], "approx_kl_max=-1.0"),
     (["report", "tracking.urri=sqlite:///nowhere.db"], "tracking.urri"),
+    (["compare", "0f3a9c", "0f3a9c"], "A and B are the same"),  # before any store is read
+    (["compare", "tiny-grid/", "0f3a9c"], "SWEEP_ID/POINT"),
 ]
 
 

@@ -1,8 +1,8 @@
 """Command line: ``workbench COMMAND [--flags] [OVERRIDES...]`` (also ``python -m workbench``).
 
 One grammar for every command: argparse flags, and Hydra overrides as positional arguments
-where a command composes a config (train, sweep, tune, ui, report, runs, manifest diff). Every
-parse error is one line (``workbench: error: COMMAND: ...``), exit code 2.
+where a command composes a config (train, sweep, tune, ui, report, compare, runs, manifest
+diff). Every parse error is one line (``workbench: error: COMMAND: ...``), exit code 2.
 
 Exit codes: 0 success; 2 bad input, reported in one line before any compute;
 130/143 interrupted (SIGINT/SIGTERM); 1 anything else.
@@ -222,6 +222,21 @@ def setup_report(parser: argparse.ArgumentParser) -> Runner:
     return run
 
 
+def setup_compare(parser: argparse.ArgumentParser) -> Runner:
+    """``workbench compare A B [--sweep ID] [--target R] [--allow-tasks] [--json] [OVERRIDES]``."""
+    from workbench.review import compare_request
+
+    compare_request.add_cli_arguments(parser)
+
+    def run(args: argparse.Namespace) -> int:
+        compare_request.check_arguments(args)  # before MLflow, numpy, matplotlib and torch
+        from workbench.review import comparison
+
+        return comparison.run_command(args)
+
+    return run
+
+
 def setup_export(parser: argparse.ArgumentParser) -> Runner:
     """``workbench export --run RUN_ID | --bundle DIR | --repo-id ORG/NAME --revision REV``."""
     from workbench.deploy import arguments
@@ -279,6 +294,9 @@ COMMANDS: dict[str, Command] = {
                         setup_manifest),
     "report": Command("write a review report for a sweep, an experiment or runs; "
                       "prints the path of its index.html", setup_report),
+    "compare": Command("what changed between two runs, configs or sweep points (A B: run id, "
+                       "config id, SWEEP_ID/POINT) and whether it mattered: seeds, IQM, "
+                       "P(B > A), a verdict", setup_compare),
     "export": Command("export a run's policy to TorchScript + ONNX, verify parity, replay and "
                       "latency: export --run RUN_ID", setup_export),
     "hub": Command("Hugging Face Hub: hub push --run RUN_ID --repo-id ORG/NAME | "
