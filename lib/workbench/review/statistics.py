@@ -205,6 +205,17 @@ def probability_of_improvement(x_strata: Sequence[Sequence[float]],
     return Interval(float(estimate), float(low), float(high), runs)
 
 
+def improvement_verdict(poi: Interval, seeds: int) -> str:
+    """The plain reading of a probability of improvement P(X > Y) and its interval:
+    ``better`` when the whole interval lies above 0.5, ``worse`` when it lies below, else
+    ``not distinguishable with N seeds`` (the interval holds 0.5, or one seed gave none)."""
+    if poi.known and poi.low > 0.5:
+        return "better"
+    if poi.known and poi.high < 0.5:
+        return "worse"
+    return f"not distinguishable with {seeds} seed{'' if seeds == 1 else 's'}"
+
+
 def overlapping(intervals: Sequence[Interval]) -> list[list[int]]:
     """For each interval, the indices of the others it overlaps."""
     return [[j for j, other in enumerate(intervals) if j != i and mine.overlaps(other)]
