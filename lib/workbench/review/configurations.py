@@ -270,7 +270,9 @@ def seeds_text(per_task: Mapping[str, int]) -> str:
 def analyse_across(points: Sequence[PointLike], targets: Mapping[str, float],
                    baseline: str | None, *, with_figure: bool = True) -> Across:
     """References, normalized IQM with intervals, probability of improvement over the
-    baseline and its verdict, per setting (grid order), and the profile figure."""
+    baseline and its verdict, per setting (grid order), and the profile figure; tasks are
+    listed in grid order too."""
+    points = sorted(points, key=lambda p: p.order)
     ids = task_env_ids(points)
     references = [reference_for(task, env_id, targets) for task, env_id in ids.items()]
     scale = {r.task: r.value for r in references}
