@@ -350,9 +350,11 @@ def target_grid_figure(cells: Mapping[tuple[int, int], float],
     return fig
 
 
-def profile_figure(profiles: Mapping[str, Any], colors: Mapping[str, str], task: str) -> Figure:
+def profile_figure(profiles: Mapping[str, Any], colors: Mapping[str, str], task: str, *,
+                   score: str = "final return") -> Figure:
     """Performance profiles (:class:`workbench.review.statistics.Profile` per point label):
-    fraction of runs above each score threshold, with bands."""
+    fraction of runs above each score threshold, with bands; ``score`` names the score
+    (a normalized score across tasks, say)."""
     fig, (ax,) = new_figure(1)
     fig.set_size_inches(PANEL_SIZE[0] * 1.6, PANEL_SIZE[1])
     with matplotlib.rc_context(STYLE):
@@ -361,8 +363,8 @@ def profile_figure(profiles: Mapping[str, Any], colors: Mapping[str, str], task:
             ax.fill_between(profile.taus, profile.low, profile.high, color=colors[label],
                             alpha=0.18)
         ax.set_ylim(-0.02, 1.02)
-        ax.set_xlabel("final return threshold τ")
-        ax.set_ylabel("fraction of runs with return > τ")
+        ax.set_xlabel(f"{score} threshold τ")
+        ax.set_ylabel(f"fraction of runs with {score.split()[-1]} > τ")
         ax.set_title(f"Performance profile over seeds ({task})")
         ax.legend(loc="lower left")
     return fig

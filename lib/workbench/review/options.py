@@ -54,13 +54,21 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
                        metavar="[TASK=]RETURN",
                        help="target return for the time-to-target column and heatmap, for "
                        "every task or one (env name or id; repeatable); default: the task's "
-                       "reward_threshold in gymnasium's registry")
+                       "reward_threshold in gymnasium's registry. TASK=RETURN also sets the "
+                       "task's reference for normalized scores across tasks (default: "
+                       "rl-baselines3-zoo's published PPO return, where there is one)")
     trade.add_argument("--scale-min-gain", type=positive, default=MIN_GAIN, metavar="FRACTION",
                        help="the scaling ladder's knee: a doubling of num_envs that buys less "
                        f"throughput than this (default {MIN_GAIN:g})")
     trade.add_argument("--memory-budget-mb", type=positive, default=None, metavar="MIB",
                        help="... or the rung whose process tree needs more memory than this "
                        "(default: 80%% of the smallest machine's memory, from the manifests)")
+    across = parser.add_argument_group("configurations across tasks")
+    across.add_argument("--baseline", type=non_empty, default=None,
+                        metavar="LABEL_OR_CONFIG_ID",
+                        help="the configuration the others are compared with (probability of "
+                        "improvement): its label as the report shows it, e.g. lr=1e-4, or its "
+                        "workbench.config_id; default: the first configuration in grid order")
     parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
                         help="Hydra overrides locating the store, e.g. tracking.uri=...")
 

@@ -1,7 +1,8 @@
 """What a report is made of: the runs with their metric histories and manifests, grouped
-into grid points (seeds of one setting), the environment facts, the diagnostics and the
-figures. :func:`build_report` assembles a :class:`Report` from a selection; rendering it is
-:mod:`workbench.review.render`'s.
+into points (configurations: the seeds of one config, :mod:`workbench.review.configurations`),
+the environment facts, the diagnostics, the figures, and per task and across tasks the
+configurations compared. :func:`build_report` assembles a :class:`Report` from a selection;
+rendering it is :mod:`workbench.review.render`'s.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from workbench.config import ConfigError
-from workbench.review import diagnostics, figures, tradeoff
+from workbench.config import CONFIG_ID_TAG, ConfigError
+from workbench.review import configurations, diagnostics, figures, tradeoff
+from workbench.review.configurations import Across, GridLayout
 from workbench.review.diagnostics import Bottleneck, Diagnostic, Series, Thresholds
 from workbench.review.tradeoff import Tradeoff, TradeoffOptions
 from workbench.review.videos import PointVideo, point_videos
@@ -108,6 +110,13 @@ def load_run(client: MlflowClient, run: Run) -> RunRecord:
         metrics[key] = Series.of([m.step for m in history], [stored_value(m.value)
                                                               for m in history],
                                  [m.timestamp for m in history])
+    return run_record(run, metrics, load_manifest(client, run.info.run_id))
+
+
+def run_record(run: Run, metrics: dict[str, Series] | None = None,
+               manifest: dict[str, Any] | None = None) -> RunRecord:
+    """A run's record from what the search returned (identity, tags, params); without
+    ``metrics`` it is enough to group and label points, before any history is loaded."""
     return RunRecord(
         run_id=run.info.run_id,
         name=run.info.run_name or run.info.run_id[:8],
@@ -117,8 +126,8 @@ def load_run(client: MlflowClient, run: Run) -> RunRecord:
         end_ms=run.info.end_time,
         tags=dict(run.data.tags),
         params=dict(run.data.params),
-        metrics=metrics,
-        manifest=load_manifest(client, run.info.run_id),
+        metrics=metrics or {},
+        manifest=manifest,
     )
 
 
@@ -161,11 +170,14 @@ def load_manifest(client: MlflowClient, run_id: str) -> dict[str, Any] | None:
 
 @dataclass
 class Point:
-    """One grid point: the runs (seeds) sharing everything but the seed."""
+    """One configuration: the runs (seeds) sharing everything but the seed."""
 
     label: str
     runs: list[RunRecord]
     diverged: bool = False  # some run has NaN/inf in a metric
+    task: str = ""  # the env it trained on (tradeoff.task_of)
+    setting: str = ""  # the label without the task: the same configuration on every task
+    order: int = 0  # its place in grid order (the sweep's, else the selection's)
 
     @property
     def num_envs(self) -> int | None:
@@ -303,23 +315,49 @@ class Report:
     # IQM intervals, time to target, scaling ladders (review.tradeoff)
     tradeoff: Tradeoff = field(default_factory=Tradeoff)
     videos: list[PointVideo] = field(default_factory=list)  # each point's best seed
+    across: Across | None = None  # configurations across tasks (review.configurations)
 
     def run_url(self, run: RunRecord) -> str:
         """The run's page in the MLflow UI."""
         return ui_link(self.ui_url, run.experiment_id, run.run_id)
 
 
-def group_points(runs: Sequence[RunRecord]) -> list[Point]:
-    """Runs grouped into grid points: same params except seed and bookkeeping."""
+def group_points(runs: Sequence[RunRecord], layout: GridLayout = GridLayout()  # noqa: B008
+                 ) -> list[Point]:
+    """Runs grouped into configurations: same ``workbench.config_id`` (runs without one,
+    older ones: same params except seed and bookkeeping), in grid order.
+
+    Labels name the grid keys that vary (``lr=1e-4 env=hopper``,
+    :func:`configurations.label_keys`); a num_envs x n_steps sweep and runs without grid tags
+    keep ``<env>-ne<N>-ns<S>`` and the params that differ. Two configurations that would
+    share a label get their config id's first characters appended.
+    """
     varying = varying_params(runs)
+    keys = configurations.label_keys(runs, layout)
     groups: dict[tuple[str, ...], list[RunRecord]] = {}
-    for run in runs:
-        key = (base_label(run), *(f"{k}={run.params.get(k, '-')}" for k in varying))
+    names: dict[tuple[str, ...], tuple[str, str]] = {}
+    order: dict[tuple[str, ...], int] = {}
+    for index, run in enumerate(runs):
+        legacy = (base_label(run), *(f"{k}={run.params.get(k, '-')}" for k in varying))
+        config_id = run.tags.get(CONFIG_ID_TAG)
+        key = ("config", config_id) if config_id else ("runs", *legacy)
         groups.setdefault(key, []).append(run)
+        if key not in names:
+            label = legacy[0] + ("  " + ", ".join(legacy[1:]) if len(legacy) > 1 else "")
+            names[key] = configurations.grid_label(run.tags, keys) or (
+                label, configurations.legacy_setting(label, tradeoff.task_of(run)))
+        where = layout.position(run.tags.get(SWEEP_POINT))
+        place = where if where is not None else len(layout.point_names) + index
+        order[key] = min(order.get(key, place), place)
+    labels = Counter(label for label, _ in names.values())
     points = []
     for key, members in groups.items():
-        label = key[0] + ("  " + ", ".join(key[1:]) if len(key) > 1 else "")
-        points.append(Point(label=label, runs=sorted(members, key=lambda r: (r.seed or 0))))
+        label, setting = names[key]
+        if labels[label] > 1 and key[0] == "config":
+            label, setting = f"{label} [{key[1][:8]}]", f"{setting} [{key[1][:8]}]"
+        points.append(Point(label=label, runs=sorted(members, key=lambda r: (r.seed or 0)),
+                            task=tradeoff.task_of(members[0]), setting=setting,
+                            order=order[key]))
     return points
 
 
@@ -374,19 +412,29 @@ def build_report(
     thresholds = thresholds or Thresholds()
     ui_url = check_ui_url(ui_url)
     store = redact_uri(store)  # it is quoted in messages and on the page
+    options = options or TradeoffOptions()
     selection, found, parent = find_runs(client, selection, store)
+    layout = GridLayout.of(parent.data.params) if parent else GridLayout()
+    # --target-return's tasks and --baseline checked on tags and params, before any history
+    check_options(group_points([run_record(run) for run in found], layout), options)
     runs = [load_run(client, run) for run in found]
     diagnosed = {r.run_id: diagnostics.diagnose(r.metrics, r.budget, thresholds) for r in runs}
-    points = group_points(runs)
+    points = group_points(runs, layout)
     for point in points:
         point.diverged = any(d.check == "nonfinite" for r in point.runs
                              for d in diagnosed[r.run_id])
     points.sort(key=Point.rank_key)
-    analysis = tradeoff.analyse(points, options or TradeoffOptions())
+    analysis = tradeoff.analyse(points, options)
     name = name or selection.default_name()
     if not NAME_PATTERN.match(name):
         raise ConfigError(f"name={name!r}: use letters, digits, '.', '_' and '-' only")
     description = sweep_description(parent, runs) if parent else ""
+    across = configurations.analyse_across(points, options.targets, options.baseline,
+                                           with_figure=with_figures) \
+        if compares_configurations(runs, points, layout, options) else None
+    sections = task_sections(points, analysis, with_figures)
+    if across is not None:
+        sections.append(across_section(across))
     return Report(
         name=name,
         title=f"Report: {selection.describe()}",
@@ -405,7 +453,94 @@ def build_report(
         thresholds=thresholds,
         tradeoff=analysis,
         videos=point_videos(client, points),
+        sections=sections,
+        across=across,
     )
+
+
+def check_options(points: Sequence[Point], options: TradeoffOptions) -> None:
+    """``--target-return TASK=...`` names a task of the selection and ``--baseline`` one of
+    its configurations (:class:`ConfigError` otherwise)."""
+    configurations.check_targets(points, options.targets)
+    if options.baseline is not None:
+        configurations.resolve_baseline(points, options.baseline)
+
+
+def compares_configurations(runs: Sequence[RunRecord], points: Sequence[Point],
+                            layout: GridLayout, options: TradeoffOptions) -> bool:
+    """The report compares configurations across tasks when the selection holds several
+    tasks, or a grid labels its points (``sweep.grid``), or ``--baseline`` asks for it; a
+    num_envs x n_steps sweep of one task keeps its report as it was."""
+    return (len({p.task for p in points}) > 1 or bool(configurations.label_keys(runs, layout))
+            or options.baseline is not None)
+
+
+def task_sections(points: Sequence[Point], analysis: Tradeoff, with_figures: bool
+                  ) -> list[Section]:
+    """One section per task when the points hold several: its configurations (rank order)
+    with the IQM of the final return and its interval, and its reward curves."""
+    by_env = points_by_env(points)
+    if len(by_env) < 2:
+        return []
+    colors = figures.palette([p.label for p in points])
+    sections = []
+    for task, task_points in by_env.items():
+        rows = tuple((p.setting, configurations.interval_text(analysis.intervals.get(p.label)),
+                      p.runs_text) for p in task_points)
+        shown: tuple[FigureFile, ...] = ()
+        if with_figures:
+            def curves(key: str, task_points: Sequence[Point] = task_points
+                       ) -> list[figures.Curves]:
+                return [figures.Curves(p.setting, colors[p.label],
+                                       [r.metrics[key] for r in p.runs if key in r.metrics])
+                        for p in task_points]
+
+            shown = (FigureFile(
+                f"reward_curves-{tradeoff.suffix(task)}.png",
+                f"Reward vs environment steps, {task}",
+                f"Mean episode return of each configuration on {task}; the band is ±1 std over "
+                "its runs.", figures.png_bytes(figures.reward_figure(
+                    curves("rollout/ep_rew_mean"), curves("eval/mean_reward")))),)
+        sections.append(Section(
+            f"Task: {task}",
+            f"The configurations that ran on {task}, best first: IQM of the final "
+            "deterministic evaluation return over the seeds, with its stratified bootstrap "
+            "95% interval.",
+            headers=("configuration", "final return IQM [95% CI]", "seeds"), rows=rows,
+            figures=shown))
+    return sections
+
+
+def across_section(across: Across) -> Section:
+    """The configurations compared across tasks: normalized score and probability of
+    improvement over the baseline, with the references and the verdict rule."""
+    used = [r.text() for r in across.references if r.value is not None]
+    left = [f"{r.task} ({r.source})" for r in across.left_out]
+    text = (
+        "Normalized score: final evaluation return / the task's reference; per configuration "
+        "the IQM over its runs of every task with a reference, with a stratified bootstrap "
+        "95% interval (strata: the tasks). References: "
+        f"{'; '.join(used) or 'none'}. "
+        + (f"Left out of the normalized score, no reference: {'; '.join(left)}. " if left
+           else "")
+        + f"Baseline: {across.baseline} ({across.baseline_origin}; --baseline "
+        "LABEL_OR_CONFIG_ID picks another). P(better than baseline): the probability that "
+        "a run of the configuration scores above a run of the baseline on the same task, "
+        "averaged over the tasks both ran (it compares within a task, so it needs no "
+        "reference), with a stratified bootstrap 95% interval. Verdict: better when the "
+        "whole interval lies above 0.5, worse when below, else not distinguishable with N "
+        "seeds (N: the fewest seeds either side has on a task).")
+    rows = tuple((row.setting, ", ".join(row.tasks), row.seeds,
+                  configurations.interval_text(row.normalized, ".2f"),
+                  configurations.interval_text(row.improvement, ".2f"), row.verdict)
+                 for row in across.rows)
+    shown = () if across.profile is None else (FigureFile(
+        across.profile.filename, across.profile.title, across.profile.caption,
+        figures.png_bytes(across.profile.figure), "across"),)
+    return Section("Across tasks: configurations against the baseline", text,
+                   headers=("configuration", "tasks", "seeds", "normalized score IQM [95% CI]",
+                            "P(better than baseline) [95% CI]", "verdict"),
+                   rows=rows, figures=shown)
 
 
 

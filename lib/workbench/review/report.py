@@ -41,7 +41,7 @@ from workbench.tuning.storage import storage_url
 def options_from_args(args: argparse.Namespace) -> TradeoffOptions:
     """The :class:`TradeoffOptions` the command-line flags give."""
     return TradeoffOptions(targets=dict(args.target_return), min_gain=args.scale_min_gain,
-                           memory_budget_mb=args.memory_budget_mb)
+                           memory_budget_mb=args.memory_budget_mb, baseline=args.baseline)
 
 
 def selection_from_args(args: argparse.Namespace) -> Selection:

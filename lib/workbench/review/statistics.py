@@ -37,6 +37,7 @@ MIN_PROFILE_RUNS = 3  # performance profiles need at least this many seeds per p
 EVAL_KEY = "eval/mean_reward"
 TRAINING_KEY = "rollout/ep_rew_mean"  # when a run logged no periodic evaluation
 FINAL_KEY = "summary/eval_mean_reward"
+CHANCE = 0.5  # P(X > Y) of two configurations that do not differ
 
 
 # --------------------------------------------------------------------------- mean curves
@@ -203,6 +204,24 @@ def probability_of_improvement(x_strata: Sequence[Sequence[float]],
     tail = 100 * (1 - confidence) / 2
     low, high = np.percentile(samples, [tail, 100 - tail])
     return Interval(float(estimate), float(low), float(high), runs)
+
+
+def improvement_direction(poi: Interval) -> str | None:
+    """``better`` when the whole interval of a probability of improvement P(X > Y) lies
+    above 0.5 (chance), ``worse`` when it lies below; None when it holds 0.5 or there is no
+    interval (one seed)."""
+    if poi.known and poi.low > CHANCE:
+        return "better"
+    if poi.known and poi.high < CHANCE:
+        return "worse"
+    return None
+
+
+def improvement_verdict(poi: Interval, seeds: int) -> str:
+    """The plain reading of P(X > Y): :func:`improvement_direction`, else ``not
+    distinguishable with N seeds``."""
+    return improvement_direction(poi) or \
+        f"not distinguishable with {seeds} seed{'' if seeds == 1 else 's'}"
 
 
 def overlapping(intervals: Sequence[Interval]) -> list[list[int]]:

@@ -66,6 +66,9 @@ class TradeoffOptions:
     targets: Mapping[str, float] = field(default_factory=dict)
     min_gain: float = scaling.MIN_GAIN  # throughput gain per doubling that still pays
     memory_budget_mb: float | None = None  # None: 80 % of the smallest machine's memory
+    # the configuration the others are compared with across tasks (review.configurations):
+    # a label, a setting or a config id; None: the first configuration in grid order
+    baseline: str | None = None
 
 
 @dataclass

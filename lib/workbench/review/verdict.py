@@ -29,6 +29,7 @@ from workbench.review.statistics import (
     EVAL_KEY,
     TRAINING_KEY,
     Interval,
+    improvement_direction,
     iqm_interval,
     probability_of_improvement,
     seconds_at,
@@ -38,7 +39,6 @@ from workbench.tracking.manifest_diff import Difference, diff_configs
 
 # Params that differ between the seeds of one configuration: never "what changed".
 SEED_KEYS = ("seed", "derived.env_seeds")
-CHANCE = 0.5  # P(B > A) of two configurations that do not differ
 
 
 class RunLike(Protocol):
@@ -200,10 +200,9 @@ def verdict(improvement: Interval | None, seeds_a: int, seeds_b: int) -> str:
     if not improvement.known:
         return f"not distinguishable with {counted}: run more seeds"
     shown = poi_text(improvement)
-    if improvement.low > CHANCE:
-        return f"B is better than A: {shown} over {counted}"
-    if improvement.high < CHANCE:
-        return f"B is worse than A: {shown} over {counted}"
+    direction = improvement_direction(improvement)
+    if direction is not None:
+        return f"B is {direction} than A: {shown} over {counted}"
     return f"not distinguishable with {counted} ({shown})"
 
 

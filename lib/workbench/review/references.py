@@ -1,0 +1,67 @@
+"""Reference returns that put tasks on one scale: a run's normalized score is its final
+return divided by its task's reference.
+
+The one table of published figures is :data:`PUBLISHED_PPO`: rl-baselines3-zoo's PPO results
+at 1M steps (its ``benchmark.md``, mean over its evaluation episodes), the same figures the
+benchmarks hold the default configurations to (``benchmarks/final_return.py``,
+``benchmarks/time_to_reward.py``). ``workbench report --target-return TASK=RETURN`` sets a
+task's reference (and its time-to-target target); a task with neither is left out of the
+cross-task aggregate, and the report says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# env name (conf/env/<name>.yaml, the runs' ``env`` tag) -> published PPO return at 1M steps
+PUBLISHED_PPO: dict[str, float] = {
+    "halfcheetah": 5819.0,
+    "hopper": 2410.0,
+    "walker2d": 3479.0,
+    "ant": 1327.0,
+    "swimmer": 282.0,
+}
+PUBLISHED_SOURCE = "rl-baselines3-zoo's published PPO return at 1M steps (benchmark.md)"
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A task's reference return and where it came from; ``value`` None: none, and ``source``
+    says why."""
+
+    task: str
+    value: float | None
+    source: str
+
+    def text(self) -> str:
+        """``hopper: 2410 (rl-baselines3-zoo's ...)`` or ``reacher: none (why)``."""
+        shown = f"{self.value:g}" if self.value is not None else "none"
+        return f"{self.task}: {shown} ({self.source})"
+
+
+def reference_for(task: str, env_id: str | None, targets: Mapping[str, float]) -> Reference:
+    """The reference of ``task``: ``--target-return`` for the task (env name or id), else the
+    published figure, else none.
+
+    A bare ``--target-return RETURN`` (key ``""``, every task's time-to-target target) sets no
+    reference: one number for several tasks puts nothing on a common scale. A reference at or
+    below 0 is refused (dividing by it would reverse or break the order of returns).
+    """
+    for key in (task, env_id):
+        if key and key in targets:
+            value = float(targets[key])
+            if value <= 0:
+                return Reference(task, None, f"--target-return {key}={value:g} is not above 0, "
+                                             "so return / reference would not order runs as "
+                                             "their returns do")
+            return Reference(task, value, f"--target-return {key}={value:g}")
+    if task in PUBLISHED_PPO:
+        return Reference(task, PUBLISHED_PPO[task], PUBLISHED_SOURCE)
+    return Reference(task, None, "no published reference; set one with --target-return "
+                                 f"{task}=RETURN")
+
+
+def normalized(score: float, reference: Reference) -> float | None:
+    """``score / reference`` (None when the task has no reference)."""
+    return score / reference.value if reference.value is not None else None
