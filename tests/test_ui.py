@@ -99,9 +99,13 @@ def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
         assert line.startswith("MLflow UI on "), (line, stderr.read_text())
         yield Ui(proc, port, line.split()[3], "halfcheetah-ne2-ns64-s0", stderr, grid_runs)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if proc.poll() is None:  # SIGTERM: the ui stops the MLflow server it started
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def test_the_printed_link_opens_the_runs_table(ui: Ui, browser: object) -> None:
