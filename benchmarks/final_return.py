@@ -29,10 +29,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
+from workbench.review.references import PUBLISHED_PPO, PUBLISHED_PPO_STD  # noqa: E402
 
 # rl-baselines3-zoo's published PPO result at 1M steps (mean +- std over its evaluation);
 # docs/benchmarks.md holds the default configuration to "not below" it.
-PUBLISHED = {"halfcheetah": (5819.0, 664.0), "hopper": (2410.0, 10.0)}
+PUBLISHED = {task: (PUBLISHED_PPO[task], std) for task, std in PUBLISHED_PPO_STD.items()}
 
 
 def command(task: str, steps: int, seed: int, episodes: int, overrides: list[str]) -> list[str]:
