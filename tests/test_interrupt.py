@@ -225,7 +225,7 @@ def test_reap_spares_runs_with_a_recent_heartbeat(store: Path) -> None:
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     experiment = client.create_experiment("reap-test", artifact_location=(store / "a").as_uri())
     now = time.time()
-    live = client.create_run(experiment, tags={"workbench.heartbeat": f"{now - 20:.3f}"})
+    live = client.create_run(experiment, tags={"workbench.heartbeat": f"{now - 15:.3f}"})
     dead = client.create_run(experiment, tags={"workbench.heartbeat": f"{now - 400:.3f}"})
     silent = client.create_run(experiment, start_time=int((now - 900) * 1000))
     finished = client.create_run(experiment, tags={"workbench.heartbeat": f"{now - 999:.3f}"})
@@ -240,6 +240,11 @@ def test_reap_spares_runs_with_a_recent_heartbeat(store: Path) -> None:
     # A filter limits reaping to, e.g., one sweep's points.
     assert runs.reap_stale_runs(older_than_s=10, now=now, filter_string="tags.sweep_id = 'x'"
                                 ) == []
+    # A heartbeat stamped while the reap runs (after its `now`) is live, not skipped unsaid.
+    beating = client.create_run(experiment, tags={"workbench.heartbeat": f"{now + 1:.3f}"})
+    report = runs.reap(older_than_s=0, now=now)
+    assert (report.reaped, sorted(run_id for run_id, _ in report.live)) == (
+        [], sorted([live.info.run_id, beating.info.run_id]))
 
 
 # --------------------------------------------------------------------------- JupyterLab

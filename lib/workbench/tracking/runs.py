@@ -169,11 +169,13 @@ def reap(
     now = time.time() if now is None else now
     report = ReapReport([], [])
     for run in running_runs(client, filter_string, experiment_names):
-        age = heartbeat_age_s(run, now)
-        if age <= older_than_s:
-            continue
+        # max(0): a heartbeat stamped while this reap ran is younger than `now`
+        age = max(0.0, heartbeat_age_s(run, now))
         if age <= LIVE_WINDOW_S:
-            report.live.append((run.info.run_id, age))
+            if older_than_s < LIVE_WINDOW_S:  # the threshold asked for it: say it was spared
+                report.live.append((run.info.run_id, age))
+            continue
+        if age <= older_than_s:
             continue
         mark_reaped(client, run, age, now)
         report.reaped.append(run.info.run_id)
