@@ -27,8 +27,12 @@ with contextlib.suppress(ImportError):
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Tiny but real: HalfCheetah, 2 envs, 64-step rollouts, 3 PPO iterations (conf/debug/tiny.yaml).
-TINY = ["env=halfcheetah", "debug=tiny"]
+# Tiny but real: HalfCheetah, 2 envs, 64-step rollouts, 3 PPO iterations (conf/debug/tiny.yaml),
+# with its thumbnail rollout video: for the tests of videos and of what shows them (reports,
+# notebooks, export replays).
+TINY_VIDEO = ["env=halfcheetah", "debug=tiny"]
+# The same without the video, for every other test: rendering costs a run ~1.4 CPU-s.
+TINY = [*TINY_VIDEO, "video=off"]
 
 
 # A command as a shell's background job starts (`cmd &` in a script): SIGINT ignored. A shell

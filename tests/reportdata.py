@@ -20,13 +20,14 @@ import pytest
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from .conftest import TINY, embedded_store, run_cli
+from .conftest import TINY_VIDEO, embedded_store, run_cli
 
 SWEEP_ID = "tiny-grid"
 GRID = ["sweep.num_envs=[1,2]", "sweep.n_steps=[64,128]", "sweep.seeds=[0]"]
 EXTRA_SEED = ["sweep.num_envs=[1,2]", "sweep.n_steps=[64,128]", "sweep.seeds=[1]"]
-# TINY without the keys the grid sets; system metrics stay on (the bottleneck table uses them).
-POINT_TINY = [o for o in TINY if o.split("=")[0] not in ("env.num_envs", "algo.n_steps")]
+# TINY_VIDEO (the report shows videos) without the keys the grid sets; system metrics stay on
+# (the bottleneck table uses them).
+POINT_TINY = [o for o in TINY_VIDEO if o.split("=")[0] not in ("env.num_envs", "algo.n_steps")]
 
 
 @dataclass(frozen=True)

@@ -332,14 +332,14 @@ def test_the_stop_lines_resume_runs_in_the_notebook(finished_run: FinishedRun,
     assert steps == [128, 256, 384, 512]
 
 
-def test_an_unknown_name_stops_in_the_check_cell(store: Path, tmp_path: Path) -> None:
+def test_an_unknown_name_stops_in_the_check_cell(bare_store: Path, tmp_path: Path) -> None:
     """(A wrong type, through papermill's command line: tests/test_notebook_errors.py.)"""
     output = tmp_path / "bad.ipynb"
     with pytest.raises(PapermillExecutionError) as info:
         papermill.execute_notebook(str(NOTEBOOK), str(output),
                                    parameters={"num_env": 8}, progress_bar=False)
     assert info.value.evalue.startswith("unknown notebook parameter 'num_env'")
-    assert not (store / "mlflow.db").exists()  # nothing was written to the store
+    assert not (bare_store / "mlflow.db").exists()  # nothing was written to the store
 
 
 @pytest.mark.slow

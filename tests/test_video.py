@@ -25,7 +25,7 @@ from workbench.training import train
 from workbench.training import video as training_video
 from workbench.training.trainer import TrainResult
 
-from .conftest import TINY, embedded_store, run_cli
+from .conftest import TINY_VIDEO, embedded_store, run_cli
 
 # 2 episodes of 30 rendered steps each (tiny episodes last 50), 128x96 at 15 fps, and one
 # video during training every 128 steps (at 128 and 256; the budget, 384, gets the final one).
@@ -64,7 +64,7 @@ def probe() -> TrainingEnvRenderers:
 
 @pytest.fixture(scope="module")
 def trained(store: str, probe: TrainingEnvRenderers) -> TrainResult:
-    return train(load_config([*TINY, *VIDEO]), callbacks=[probe])
+    return train(load_config([*TINY_VIDEO, *VIDEO]), callbacks=[probe])
 
 
 def download(client: MlflowClient, run_id: str, path: str, tmp_path: Path) -> Path:
@@ -118,7 +118,7 @@ def test_a_closed_envs_render_context_cannot_blank_the_next_video(
     # frees its framebuffers by id in whatever OpenGL context is current then. The collector
     # is made to run right after the next video's context is made (the worst moment): that
     # video must still show the scene (a notebook's second run, a test session).
-    cfg = load_config([*TINY, "env.vec_env=dummy"])
+    cfg = load_config([*TINY_VIDEO, "env.vec_env=dummy"])
     spec, settings = EnvSpec.from_config(cfg), video.VideoSettings.from_config(cfg.video)
     def policy(obs: np.ndarray) -> np.ndarray:
         return np.zeros((len(obs), 6), np.float32)
@@ -147,7 +147,7 @@ def test_the_final_video_stops_at_its_budget_and_says_so() -> None:
     assert training_video.video_budget(0.25, 100.0) == 25.0
     assert training_video.video_budget(0.25, 0.4) == training_video.MIN_VIDEO_SECONDS
     assert training_video.video_budget(None, 100.0) is None
-    cfg = load_config([*TINY, "env.vec_env=dummy"])
+    cfg = load_config([*TINY_VIDEO, "env.vec_env=dummy"])
     spec, settings = EnvSpec.from_config(cfg), video.VideoSettings.from_config(cfg.video)
     venv = make_eval_env(spec, video=settings)
     try:
@@ -156,7 +156,7 @@ def test_the_final_video_stops_at_its_budget_and_says_so() -> None:
     finally:
         venv.close()
     assert (cut.cut, len(cut.frames), cut.lengths) == (True, 1, [1])
-    recorder = training_video.VideoRecorder(load_config(TINY).video, None, "r")
+    recorder = training_video.VideoRecorder(load_config(TINY_VIDEO).video, None, "r")
     recorder.max_share, recorder.seconds = 0.25, 3.0
     recorder.final = training_video.RecordedVideo("video/replay.mp4", "video/replay.gif", 40,
                                                   (96, 64), 20.0, 1.0, cut=True)
@@ -168,15 +168,15 @@ def test_the_final_video_stops_at_its_budget_and_says_so() -> None:
 @pytest.mark.unit
 def test_odd_frame_size_is_refused_before_any_run() -> None:
     with pytest.raises(ConfigError, match=r"video.height=95: must be even .*video.height=96"):
-        load_config([*TINY, "video.height=95"])
+        load_config([*TINY_VIDEO, "video.height=95"])
     with pytest.raises(ConfigError, match=r"video.episodes=0: must be in \[1, 10\]"):
-        load_config([*TINY, "video.episodes=0"])
+        load_config([*TINY_VIDEO, "video.episodes=0"])
 
 
 def no_gl_run(tmp_path: Path, gl_env: dict[str, str]) -> None:
     """A tiny run with an unusable OpenGL backend: one warning line, FINISHED, no video."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    proc = run_cli("train", *TINY, "tracking.system_metrics=false",
+    proc = run_cli("train", *TINY_VIDEO, "tracking.system_metrics=false",
                    env={"MLFLOW_TRACKING_URI": uri, "WORKBENCH_EXPERIMENTS": str(tmp_path),
                         **gl_env})
     assert proc.returncode == 0, proc.stderr

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY, embedded_store, run_cli
+from tests.conftest import TINY_VIDEO, embedded_store, run_cli
 
 # Tiny, with checkpoints every iteration (128 steps) and the newest two kept.
-CHECKPOINTED = [*TINY, "env.vec_env=dummy", "console.iteration_lines=false",
+CHECKPOINTED = [*TINY_VIDEO, "env.vec_env=dummy", "console.iteration_lines=false",
                 "tracking.system_metrics=false", "checkpoint.every_steps=128",
                 "checkpoint.keep_last=2"]
 # Tiny HalfCheetah with VecNormalize: the normalization statistics travel with the policy.
-NORMALIZED = [*TINY, "env.normalize=true", "tracking.system_metrics=false",
+NORMALIZED = [*TINY_VIDEO, "env.normalize=true", "tracking.system_metrics=false",
               "eval.final_episodes=2"]
 # The Hub token is in the environment while the exported run is recorded (manifest, params):
 # the greps of the store in tests/test_hub.py then also prove that recording never captures it.
