@@ -272,12 +272,34 @@ def unit_tier_stays_fast(request: pytest.FixtureRequest, monkeypatch: pytest.Mon
 
 
 @pytest.fixture()
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh embedded MLflow store under tmp_path (MLFLOW_TRACKING_URI and experiments/)."""
+def bare_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An embedded MLflow store under tmp_path (MLFLOW_TRACKING_URI and experiments/) of which
+    nothing exists yet: for the tests that check a command creates nothing."""
     experiments = tmp_path / "experiments"
     monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(experiments))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{experiments / 'mlflow.db'}")
     return experiments
+
+
+@pytest.fixture(scope="session")
+def empty_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An embedded MLflow database with its tables and nothing else, made once per test
+    process the way the workbench makes one (a client's first request): a new SQLite store
+    runs MLflow's schema migrations, ~2 CPU-s that every test's store would pay again."""
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path_factory.mktemp("empty-store") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments(max_results=1)
+    return db
+
+
+@pytest.fixture()
+def store(bare_store: Path, empty_mlflow_db: Path) -> Path:
+    """A fresh embedded MLflow store under tmp_path (MLFLOW_TRACKING_URI and experiments/):
+    ``experiments/`` holding a copy of :func:`empty_mlflow_db`."""
+    bare_store.mkdir(parents=True)
+    shutil.copyfile(empty_mlflow_db, bare_store / "mlflow.db")
+    return bare_store
 
 
 @contextlib.contextmanager

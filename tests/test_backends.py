@@ -154,7 +154,7 @@ def test_envpool_rejects_what_it_cannot_run() -> None:
             load_config(["env.vec_env=envpool"])
 
 
-def test_envpool_missing_is_one_line_exit_2(store: Path, capsys: pytest.CaptureFixture[str],
+def test_envpool_missing_is_one_line_exit_2(bare_store: Path, capsys: pytest.CaptureFixture[str],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     # Python's documented way to make an import fail: a None entry in sys.modules.
     monkeypatch.setitem(__import__("sys").modules, "envpool", None)
@@ -165,7 +165,7 @@ def test_envpool_missing_is_one_line_exit_2(store: Path, capsys: pytest.CaptureF
         "workbench: error: env.vec_env=envpool: the envpool package is not installed; "
         f"{envpool_vec.INSTALL_HINT}, or choose env.vec_env=auto|dummy|subproc"
     )
-    assert not store.exists()
+    assert not bare_store.exists()
 
 
 @needs_envpool

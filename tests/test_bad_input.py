@@ -69,11 +69,11 @@ def test_every_help_example_is_valid_input() -> None:
     assert plan_tune(help_example("tune")).n_trials > 0
 
 
-def test_resume_unknown_id_without_a_store(store: Path, capsys: pytest.CaptureFixture[str]
+def test_resume_unknown_id_without_a_store(bare_store: Path, capsys: pytest.CaptureFixture[str]
                                            ) -> None:
     assert_rejected(["train", f"resume={UNKNOWN_ID}"],
                     f"resume={UNKNOWN_ID}: no such run in the tracking store", capsys)
-    assert not store.exists(), "no store may be created"
+    assert not bare_store.exists(), "no store may be created"
 
 
 @pytest.mark.unit
@@ -100,10 +100,10 @@ def test_unwritable_experiments_directory(tmp_path: Path, monkeypatch: pytest.Mo
     ("checkpoint.every=5", "checkpoint.every: unknown config key; did you mean "
                            "checkpoint.every_steps?"),
 ])
-def test_bad_checkpoint_settings(override: str, expected: str, store: Path,
+def test_bad_checkpoint_settings(override: str, expected: str, bare_store: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     assert_rejected(["train", override], expected, capsys)
-    assert not store.exists()
+    assert not bare_store.exists()
 
 
 # --------------------------------------------------------------------------- with a real run

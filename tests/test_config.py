@@ -131,7 +131,7 @@ BAD_INPUT = [
 
 @pytest.mark.parametrize(("overrides", "expected"), BAD_INPUT)
 def test_bad_input_one_line_exit_2_nothing_created(
-    overrides: list[str], expected: str, store: Path, capsys: pytest.CaptureFixture[str]
+    overrides: list[str], expected: str, bare_store: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = cli.main(["train", *overrides])
     err = capsys.readouterr().err
@@ -139,7 +139,7 @@ def test_bad_input_one_line_exit_2_nothing_created(
     assert expected in err
     assert len(err.strip().splitlines()) == 1, err
     assert err.startswith("workbench: error: ")
-    assert not store.exists(), "no MLflow store (and no run) may be created on bad input"
+    assert not bare_store.exists(), "no MLflow store (and no run) may be created on bad input"
 
 
 @pytest.mark.unit
@@ -148,14 +148,14 @@ def test_wrong_type_names_key_and_expected_type() -> None:
         load_config(["env.num_envs=abc"])
 
 
-def test_bad_input_through_real_process(store: Path) -> None:
+def test_bad_input_through_real_process(bare_store: Path) -> None:
     proc = run_cli("train", "env=halfcheeta")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "workbench: error: env=halfcheeta: unknown env option (did you mean halfcheetah?); "
         "choose one of " + ", ".join(config.group_options("env"))
     ]
-    assert not store.exists()
+    assert not bare_store.exists()
 
 
 @pytest.mark.unit

@@ -470,7 +470,7 @@ def test_diff_finds_package_git_and_config_changes(two_sources: tuple[Path, Path
     ]
 
 
-def test_diff_cli_exit_codes_and_formats(store: Path, two_sources: tuple[Path, Path, str],
+def test_diff_cli_exit_codes_and_formats(bare_store: Path, two_sources: tuple[Path, Path, str],
                                         capsys: pytest.CaptureFixture[str]) -> None:
     a, b, old_torch = two_sources
     text = run_cli("manifest", "diff", str(a), str(b))  # the real program, once
@@ -496,7 +496,7 @@ def test_diff_cli_exit_codes_and_formats(store: Path, two_sources: tuple[Path, P
     assert cli.main(["manifest", "diff", missing, str(b)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"workbench: error: {missing}:") and err.count("\n") == 1
-    assert not store.exists()  # a bad run id never creates the store
+    assert not bare_store.exists()  # a bad run id never creates the store
 
 
 def test_cli_manifest_markdown(capsys: pytest.CaptureFixture[str]) -> None:
@@ -613,7 +613,7 @@ def test_lock_names_the_cuda_build_and_its_index(tmp_path: Path) -> None:
     assert "--extra-index-url" not in pypi and "CUDA 13.0, PyPI's default wheel" in pypi
 
 
-def test_lock_bad_input_is_one_line(store: Path, tmp_path: Path,
+def test_lock_bad_input_is_one_line(bare_store: Path, tmp_path: Path,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["manifest", "lock", "0123456789abcdef", "-o",
                      str(tmp_path / "missing" / "r.txt")]) == 2
@@ -622,4 +622,4 @@ def test_lock_bad_input_is_one_line(store: Path, tmp_path: Path,
     assert err.count("\n") == 1
     assert cli.main(["manifest", "lock", "0123456789abcdef"]) == 2
     assert capsys.readouterr().err.startswith("workbench: error: 0123456789abcdef:")
-    assert not store.exists()  # a bad run id never creates the store
+    assert not bare_store.exists()  # a bad run id never creates the store

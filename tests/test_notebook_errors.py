@@ -53,7 +53,7 @@ def raised(nb: nbformat.NotebookNode, output: Path) -> tuple[PapermillExecutionE
 # --------------------------------------------------------------------------- the real CLI
 
 
-def test_a_bad_parameter_ends_on_the_workbench_line(store: Path, tmp_path: Path) -> None:
+def test_a_bad_parameter_ends_on_the_workbench_line(bare_store: Path, tmp_path: Path) -> None:
     assert notebook_errors.installed_pth().is_file(), "no papermill hook here: make setup"
     output = tmp_path / "out.ipynb"
     done = papermill_cli(NOTEBOOK, output, "-p", "num_envs", "four")
@@ -67,7 +67,7 @@ def test_a_bad_parameter_ends_on_the_workbench_line(store: Path, tmp_path: Path)
     (error,) = [o for o in failed[0].outputs if o.output_type == "error"]
     assert (error.ename, error.evalue) == ("ParameterError", BAD_TYPE.removeprefix(
         "workbench: error: "))
-    assert not (store / "mlflow.db").exists()  # stopped before any run
+    assert not (bare_store / "mlflow.db").exists()  # stopped before any run
 
 
 def test_a_crash_in_a_cell_keeps_papermills_traceback(tmp_path: Path) -> None:

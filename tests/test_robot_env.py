@@ -179,12 +179,12 @@ def test_unknown_weight_is_rejected() -> None:
         load_config(["env=duck", "+env.kwargs.reward_weights.fowrard=1"])
 
 
-def test_cli_rejects_bad_weight_before_anything_runs(store: Path) -> None:
+def test_cli_rejects_bad_weight_before_anything_runs(bare_store: Path) -> None:
     proc = run_cli("train", "env=duck", "env.kwargs.reward_weights.alive=much")
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "reward_weights.alive='much': must be a number" in lines[0]
-    assert not store.exists()  # nothing written to the store
+    assert not bare_store.exists()  # nothing written to the store
 
 
 @pytest.mark.unit

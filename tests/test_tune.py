@@ -229,7 +229,6 @@ def test_four_trial_study_prunes_resumes_and_writes_a_best_config(store: Path,
     # report, so the median pruner stops it (one completed trial before pruning).
     import optuna
 
-    store.mkdir(parents=True)
     study = optuna.create_study(study_name="pendulum", direction="maximize",
                                 storage=f"sqlite:///{store / 'optuna.db'}")
     for steps in (50, 2, 50, 2):
@@ -386,7 +385,6 @@ def test_a_crashing_trial_fails_alone_and_counts(store: Path) -> None:
     # any tiny rollout, so that enqueued trial's notebook stops at composition; the other trains.
     import optuna
 
-    store.mkdir(parents=True)
     study = optuna.create_study(study_name="crash", direction="maximize",
                                 storage=f"sqlite:///{store / 'optuna.db'}")
     for size in (64, 4096):
