@@ -343,7 +343,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
 # (tests/trained_run.py) and the sweep of the sweep and report tests (tests/reportdata.py).
 from tests.browser import browser  # noqa: E402, F401
 from tests.mlflowserver import mlflow_server  # noqa: E402, F401
-from tests.raycluster import clusters, ray_head, shared_cluster  # noqa: E402, F401
+from tests.raycluster import clusters, shared_cluster  # noqa: E402, F401
 from tests.reportdata import report_sweep  # noqa: E402, F401
 from tests.teamserver import team_server  # noqa: E402, F401
 from tests.trained_run import exported_policy, finished_run  # noqa: E402, F401

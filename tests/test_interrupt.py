@@ -22,6 +22,7 @@ from workbench.tracking import runs
 from workbench.training import checkpoint
 
 from .conftest import ROOT, TINY, run_cli
+from .faulty_envs import HELD, release
 
 BASE = [*TINY, "env.vec_env=dummy", "console.iteration_lines=true",
         "tracking.system_metrics=false", "eval.every_steps=0", "checkpoint.every_steps=128",
@@ -31,12 +32,12 @@ BASE = [*TINY, "env.vec_env=dummy", "console.iteration_lines=true",
 class Training:
     """A `python -m workbench train` process in its own session, output in files."""
 
-    def __init__(self, tmp: Path, *overrides: str) -> None:
+    def __init__(self, tmp: Path, *overrides: str, env: dict[str, str] | None = None) -> None:
         self.out_path, self.err_path = tmp / "stdout.txt", tmp / "stderr.txt"
         self.proc = psutil.Popen(
             [sys.executable, "-m", "workbench", "train", *overrides], cwd=ROOT,
             start_new_session=True, stdout=self.out_path.open("w"),
-            stderr=self.err_path.open("w"), env={**os.environ},
+            stderr=self.err_path.open("w"), env={**os.environ, **(env or {})},
         )
 
     @property
@@ -193,8 +194,12 @@ def test_sigkill_leaves_no_process_then_reap_and_resume(store: Path, tmp_path: P
 def test_reap_spares_a_live_training_and_a_run_reaped_alive_ends_finished(
     store: Path, tmp_path: Path
 ) -> None:
-    training = Training(tmp_path, *BASE, "total_timesteps=12800")
-    training.wait_for(lambda: "| 256 steps |" in training.stdout)
+    # The training holds mid-rollout (tests/faulty_envs.py) until released: certainly alive.
+    hold = tmp_path / "hold" / "training.ipynb"
+    hold.parent.mkdir()
+    training = Training(tmp_path, *BASE, f"env.id={HELD}", "total_timesteps=1280",
+                        env={"WORKBENCH_NOTEBOOK": str(hold)})
+    training.wait_for(lambda: hold.with_suffix(".held").exists())
     run_id = training.run_id()
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     live = run_cli("runs", "reap", "--older-than", "0")
@@ -211,6 +216,7 @@ def test_reap_spares_a_live_training_and_a_run_reaped_alive_ends_finished(
     assert reap.stdout.splitlines()[0].startswith(f"reaped {run_id}: KILLED")
     assert client.get_run(run_id).info.status == "KILLED"
     training.proc.resume()  # it was alive after all: it takes its run back
+    release(hold.parent)
     assert training.proc.wait(timeout=600) == 0, training.stderr
     assert f"run {run_id} had been marked KILLED by `workbench runs reap`" in training.stderr
     run = client.get_run(run_id)

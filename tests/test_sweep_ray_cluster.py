@@ -126,24 +126,27 @@ def start_sweep(args: list[str], env: dict[str, str] | None = None) -> subproces
 def test_points_spread_over_the_workers_and_record_their_node(
         store: Path, shared_cluster: SharedCluster) -> None:
     cluster = shared_cluster.get()
-    args = sweep_args(cluster, "sweep.num_envs=[1,2]", "sweep.n_steps=[64,128]",
-                      "sweep.workers=4")
+    # Two points in flight together, each asking for a whole worker's 2 CPUs: one per worker.
+    args = sweep_args(cluster, "sweep.num_envs=[1,2]", "sweep.n_steps=[64]", "sweep.workers=2")
     proc = run_cli(*args, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "up to 4 points at a time x 1 CPU each, cluster CPUs 4" in proc.stdout
+    assert "up to 2 points at a time x 2 CPU each, cluster CPUs 4" in proc.stdout
 
     nodes = cluster.node_ids()
     children = runs_of("child")
-    assert len(children) == 4
+    assert len(children) == 2
     assert all(len(runs) == 1 for runs in children_by_point(children).values())
     assert {r.info.status for r in children} == {"FINISHED"}
-    show("4 points on 2 workers x 2 CPUs", children, nodes)
+    (parent,) = runs_of("parent")
+    assert parent.info.status == "FINISHED"
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
+    show("2 points on 2 workers x 2 CPUs", children, nodes)
     where = {r.info.run_name: nodes[r.data.tags[NODE_ID]][0] for r in children}
     assert sorted(set(where.values())) == ["a", "b"], where  # both workers, never the head
     for run in children:
         assert run.data.tags[NODE_IP] == nodes[run.data.tags[NODE_ID]][1]
         assert run.data.tags[HOSTNAME] == socket.gethostname()
-    sweep_id = runs_of("parent")[0].data.tags["sweep_id"]
+    sweep_id = parent.data.tags["sweep_id"]
     out_dir = store / "sweeps" / sweep_id
     assert sorted(p.stem for p in out_dir.glob("*.ipynb")) == sorted(where)
     assert sorted(p.stem for p in out_dir.glob("*.log")) == sorted(where)  # kernel output too
@@ -170,8 +173,9 @@ def test_a_worker_node_dying_mid_sweep_loses_and_duplicates_nothing(
     cluster = shared_cluster.get()
     nodes = cluster.node_ids()
     node_a = next(node_id for node_id, (name, _) in nodes.items() if name == "a")
-    args = sweep_args(cluster, "sweep.num_envs=[1,2]", "sweep.n_steps=[64]",
-                      "sweep.seeds=[0,1]", "sweep.workers=4", *HELD_POINT)
+    # Each point takes a whole worker (2 CPUs): one holds on node a, the other on node b.
+    args = sweep_args(cluster, "sweep.num_envs=[1,2]", "sweep.n_steps=[64]", "sweep.workers=2",
+                      *HELD_POINT)
     sweep = start_sweep(args)
     try:
         def held_on_a() -> bool:  # a point of node a holds mid-training
@@ -193,7 +197,7 @@ def test_a_worker_node_dying_mid_sweep_loses_and_duplicates_nothing(
     children = runs_of("child")
     show("node a killed mid-sweep", children, nodes)
     by_point = children_by_point(children)
-    assert len(by_point) == 4
+    assert len(by_point) == 2
     killed = [r for r in children if r.info.status == "KILLED"]
     assert killed, "no point was caught running on node a"
     for run in killed:  # the dead attempt, closed by its retry with the reason
@@ -223,8 +227,9 @@ def test_a_study_on_the_cluster_keeps_one_storage_when_a_worker_node_dies(
     cluster = shared_cluster.get()
     nodes = cluster.node_ids()
     node_a = next(node_id for node_id, (name, _) in nodes.items() if name == "a")
-    args = ["tune", "--n-trials", "4", *HELD_STUDY, "tune.study=on-cluster",
-            "tune.executor=ray", f"tune.ray.address={cluster.address}", "tune.workers=4",
+    # Each trial takes a whole worker (2 CPUs): one holds on node a, the other on node b.
+    args = ["tune", "--n-trials", "2", *HELD_STUDY, "tune.study=on-cluster",
+            "tune.executor=ray", f"tune.ray.address={cluster.address}", "tune.workers=2",
             "tune.pruner=none"]
     study = start_sweep(args)
 
@@ -241,10 +246,11 @@ def test_a_study_on_the_cluster_keeps_one_storage_when_a_worker_node_dies(
         if study.poll() is None:
             study.kill()
     assert study.returncode == 0, out[-3000:] + err[-3000:]
+    assert f"ray at {cluster.address}: up to 2 trials at a time x 2 CPU each" in out
     assert cluster.processes_of("a") == []
 
     trials = study_trials(store, "on-cluster")  # one storage: every trial is in it, once
-    assert [t.state.name for t in trials] == ["COMPLETE"] * 4
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 2
     runs = tune_runs("trial")
     show("a study, node a killed", runs, nodes)
     killed = [r for r in runs if r.info.status == "KILLED"]
@@ -259,7 +265,7 @@ def test_a_study_on_the_cluster_keeps_one_storage_when_a_worker_node_dies(
         assert nodes[finished.data.tags[NODE_ID]][0] in ("a", "b")
     assert {nodes[r.data.tags[NODE_ID]][0] for r in runs} == {"a", "b"}  # both nodes used
     notebooks = sorted(p.name for p in (store / "tuning" / "on-cluster").glob("*.ipynb"))
-    assert notebooks == [f"trial-{n:03d}.ipynb" for n in range(4)]
+    assert notebooks == [f"trial-{n:03d}.ipynb" for n in range(2)]
 
 
 # --------------------------------------------------------------------------- the head dies
