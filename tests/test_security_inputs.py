@@ -224,21 +224,21 @@ STORE_COMMANDS = [
 
 
 @pytest.mark.parametrize("argv", STORE_COMMANDS, ids=[" ".join(a[:2]) for a in STORE_COMMANDS])
-def test_a_truncated_store_is_one_line(argv: list[str], store: Path,
+def test_a_truncated_store_is_one_line(argv: list[str], bare_store: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     from workbench.cli import main
 
-    db = truncated_store(store)
+    db = truncated_store(bare_store)
     uri = f"sqlite:///{db}"
-    before = sorted(p.name for p in store.iterdir())
-    argv = [a.replace("STORE", uri).replace("OUT", str(store.parent / "out")) for a in argv]
+    before = sorted(p.name for p in bare_store.iterdir())
+    argv = [a.replace("STORE", uri).replace("OUT", str(bare_store.parent / "out")) for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     assert err[0].startswith(f"workbench: error: tracking store {uri}: mlflow.db is corrupt "
                              "or truncated"), err
     assert "restore it from a backup" in err[0]
-    assert sorted(p.name for p in store.iterdir()) == before  # no optuna.db, no lock, no folder
+    assert sorted(p.name for p in bare_store.iterdir()) == before  # no optuna.db, lock, folder
 
 
 @pytest.mark.unit

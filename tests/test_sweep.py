@@ -272,7 +272,7 @@ def test_a_large_grid_runs_when_confirmed() -> None:
     assert len(check_request([*args, "sweep.max_points=6"]).points) == 6
 
 
-def test_cli_refuses_a_bad_grid_before_writing(store: Path) -> None:
+def test_cli_refuses_a_bad_grid_before_writing(bare_store: Path) -> None:
     proc = run_cli("sweep", "sweep.grid={env:[hoper]}")
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr.startswith("workbench: error: sweep.grid: env=hoper: unknown env option "
@@ -280,16 +280,16 @@ def test_cli_refuses_a_bad_grid_before_writing(store: Path) -> None:
     big = ["sweep", "sweep.grid={algo.gamma:[0.9,0.99]}", "sweep.max_points=1"]
     proc = run_cli(*big)
     assert proc.returncode == 2 and "pass --yes to run them all" in proc.stderr
-    assert not store.exists()
+    assert not bare_store.exists()
 
 
-def test_cli_bad_sweep_input_exits_2_before_writing(store: Path) -> None:
+def test_cli_bad_sweep_input_exits_2_before_writing(bare_store: Path) -> None:
     proc = run_cli("sweep", "sweep.num_envs=[]")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "workbench: error: sweep.num_envs=[]: the grid needs at least one value, "
         "e.g. sweep.num_envs=[1,2,4]"]
-    assert not store.exists()
+    assert not bare_store.exists()
 
 
 def test_a_resumed_parent_runs_again_without_the_last_invocations_error(store: Path) -> None:

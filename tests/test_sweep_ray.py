@@ -34,14 +34,14 @@ from .test_sweep import POINT_TINY
 ray = pytest.importorskip("ray", reason="the ray extra: pip install -e '.[ray]'")
 
 
-def test_unreachable_cluster_is_bad_input(store: Path) -> None:
+def test_unreachable_cluster_is_bad_input(bare_store: Path) -> None:
     proc = run_cli("sweep", "sweep.executor=ray", f"sweep.ray.address=127.0.0.1:{free_port()}",
                    timeout=300)
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("workbench: error: sweep.ray.address=127.0.0.1:")
     assert "cannot connect to a Ray cluster" in line
-    assert not store.exists()
+    assert not bare_store.exists()
 
 
 # --------------------------------------------------------------------------- the Ray task's pieces
@@ -150,7 +150,7 @@ def test_the_head_watch_gives_up_on_a_silent_head() -> None:
             time.sleep(0.2)
 
 
-def test_a_password_in_the_uri_of_a_ray_sweep_exits_2_before_anything(store: Path) -> None:
+def test_a_password_in_the_uri_of_a_ray_sweep_exits_2_before_anything(bare_store: Path) -> None:
     # MLFLOW_TRACKING_URI, which wins over tracking.uri, is where such a URI usually hides.
     proc = run_cli("sweep", "sweep.executor=ray", timeout=300,
                    env={"MLFLOW_TRACKING_URI": "http://bob:pw-123456@h:1"})
@@ -158,7 +158,7 @@ def test_a_password_in_the_uri_of_a_ray_sweep_exits_2_before_anything(store: Pat
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("workbench: error: tracking.uri=http://bob:***@h:1: ")
     assert "pw-123456" not in proc.stdout + proc.stderr
-    assert not store.exists()
+    assert not bare_store.exists()
 
 
 @pytest.mark.unit

@@ -197,12 +197,12 @@ def test_trial_callback_stops_a_pruned_training_and_records_its_clock(store: Pat
      "tune.target=2000: InvertedPendulum-v5 cannot return more than 50"),
 ])
 def test_cli_bad_input_exits_2_with_one_line_and_creates_nothing(
-        store: Path, overrides: list[str], message: str) -> None:
+        bare_store: Path, overrides: list[str], message: str) -> None:
     proc = run_cli("tune", *TINY_STUDY, *overrides)
     assert proc.returncode == 2, proc.stderr[-2000:]
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"workbench: error: {message}"), line
-    assert not store.exists()
+    assert not bare_store.exists()
 
 
 # --------------------------------------------------------------------------- real studies
