@@ -398,8 +398,8 @@ def test_team_mode_points_log_with_each_nodes_login_that_ray_never_sees(
     env = team_server.env(ALICE)  # the login, exported on every node before `ray start`
     cluster = clusters(ONE_WORKER, env=env)
     experiment = f"ray-team-{os.getpid()}"
-    args = sweep_args(cluster, "sweep.num_envs=[1,2]", "sweep.n_steps=[64]",
-                      "sweep.workers=2", "tracking=server", f"tracking.experiment={experiment}")
+    args = sweep_args(cluster, "sweep.num_envs=[2]", "sweep.n_steps=[64]",
+                      "tracking=server", f"tracking.experiment={experiment}")
     done = team_server.cli(*args, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
@@ -409,7 +409,7 @@ def test_team_mode_points_log_with_each_nodes_login_that_ray_never_sees(
         children = client.search_runs([exp.experiment_id], "tags.`sweep.role` = 'child'")
     nodes = cluster.node_ids()
     show("team mode", children, nodes)
-    assert sorted(r.info.status for r in children) == ["FINISHED", "FINISHED"]
+    assert [r.info.status for r in children] == ["FINISHED"]
     assert {nodes[r.data.tags[NODE_ID]][0] for r in children} == {"a"}  # never the head
 
     # What Ray keeps and shows: every file of every node's session (logs, events, specs),
