@@ -232,13 +232,13 @@ def test_export_without_normalization(tmp_path: Path) -> None:
     ],
 )
 def test_bad_export_arguments_exit_2_with_one_line(
-    argv: list[str], message: str, store: Path, capsys: pytest.CaptureFixture[str]
+    argv: list[str], message: str, bare_store: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"workbench: error: {message}"), err
     assert err.count("\n") == 1
-    assert not (store / "mlartifacts").exists()  # nothing written to the store
+    assert not (bare_store / "mlartifacts").exists()  # nothing written to the store
 
 
 def test_unknown_run_in_existing_store(

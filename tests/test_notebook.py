@@ -25,13 +25,13 @@ from workbench import notebook
 from workbench.notebook import CurveHistory, ParameterError, check_parameters
 from workbench.training.trainer import TrainResult, summary_rows
 
-from .conftest import ROOT, TINY, copy_store
+from .conftest import ROOT, TINY_VIDEO, copy_store
 from .trained_run import FinishedRun
 
 NOTEBOOK = ROOT / "notebooks" / "train.ipynb"
-# TINY without the keys the notebook's own parameters set.
+# TINY_VIDEO (the notebook shows the run's video) without the keys its own parameters set.
 PARAMETER_KEYS = ("env", "env.num_envs", "algo.n_steps", "total_timesteps", "seed")
-TINY_OVERRIDES = [o for o in TINY if o.split("=")[0] not in PARAMETER_KEYS]
+TINY_OVERRIDES = [o for o in TINY_VIDEO if o.split("=")[0] not in PARAMETER_KEYS]
 TINY_PARAMETERS = {"env": "halfcheetah", "num_envs": 2, "n_steps": 64, "total_timesteps": 384,
                    "overrides": [*TINY_OVERRIDES, "tracking.system_metrics=false"]}
 
