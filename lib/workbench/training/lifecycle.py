@@ -124,7 +124,7 @@ def configure_determinism(deterministic: bool) -> None:
     """
     if deterministic and torch.cuda.is_available():
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    # Only when it changes: the call imports torch._inductor, ~2 s of CPU at every start.
+    # Only when it changes: every call imports torch._inductor.
     current = (torch.are_deterministic_algorithms_enabled(),
                torch.is_deterministic_algorithms_warn_only_enabled())
     if current != (deterministic, False):
