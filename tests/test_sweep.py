@@ -400,7 +400,7 @@ def test_two_by_two_sweep_with_two_workers_then_resume(
 def test_a_grid_sweep_passes_its_keys_tags_its_runs_and_resumes(store: Path) -> None:
     """Two learning rates: each point's run has its rate, the key tag and its config id
     (the one the pre-check computed); a rerun finds both FINISHED and skips them."""
-    args = ["sweep", "sweep.grid={algo.learning_rate:[1e-4,3e-4]}", *POINT_TINY, "video=off"]
+    args = ["sweep", "sweep.grid={algo.learning_rate:[1e-4,3e-4]}", *POINT_TINY]
     proc = run_cli(*args, env=CORES_2, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     plan = plan_sweep(args[1:])
