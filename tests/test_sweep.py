@@ -22,7 +22,13 @@ from workbench.sweeps import store as store_module
 from workbench.sweeps import sweep
 from workbench.sweeps.executors import LocalExecutor
 from workbench.sweeps.plan import expand_grid, plan_sweep, point_name
-from workbench.sweeps.point import PointOutcome, point_environment, point_specs
+from workbench.sweeps.point import (
+    PointKernel,
+    PointOutcome,
+    point_environment,
+    point_specs,
+    run_papermill,
+)
 from workbench.sweeps.request import check_request
 from workbench.training import load_config
 from workbench.training.describe import default_run_name
@@ -139,6 +145,36 @@ def test_point_environment_sets_the_budget_and_drops_mlflow_run_id(
     assert (env["WORKBENCH_CPU_BUDGET"], env["OMP_NUM_THREADS"]) == ("3", "3")
     assert spec.parameters["parent_run_id"] == "parent"
     assert spec.parameters["point"] == "halfcheetah-ne2-ns64-s0"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("cell_ran", [False, True])
+def test_a_kernel_that_never_answered_is_started_once_more_before_any_cell(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cell_ran: bool) -> None:
+    """jupyter_client times a new kernel's first answer on the wall clock: a clock step
+    fails it at once. Started again when no cell ran; never once a cell has run."""
+    import papermill
+
+    plan = plan_sweep(["sweep.num_envs=[1]", "sweep.n_steps=[64]", *POINT_TINY])
+    (spec,) = point_specs(plan, plan.points, "parent", "0", cpus_per_point=1)
+    output = tmp_path / "point.ipynb"
+    calls = []
+
+    def execute_notebook(source: str, out: str, **kw: object) -> None:
+        calls.append(out)
+        if len(calls) == 1:
+            cell = nbformat.v4.new_code_cell("train()")
+            if cell_ran:
+                cell.metadata["papermill"] = {"start_time": "2026-12-02T10:00:00"}
+            nbformat.write(nbformat.v4.new_notebook(cells=[cell]), out)
+            raise RuntimeError("Kernel didn't respond in 180 seconds")
+
+    monkeypatch.setattr(papermill, "execute_notebook", execute_notebook)
+    error = run_papermill(spec, output, PointKernel({}))
+    if cell_ran:
+        assert (len(calls), error) == (1, "RuntimeError: Kernel didn't respond in 180 seconds")
+    else:
+        assert (len(calls), error) == (2, None)
 
 
 @pytest.mark.unit

@@ -34,6 +34,7 @@ from workbench.tracking.store import (
 )
 
 KERNEL_START_TIMEOUT_S = 180  # a busy machine can take a while to import torch in a new kernel
+KERNEL_START_ATTEMPTS = 2  # a kernel that never answered (no cell ran) is started once more
 STOP_GRACE_S = 15.0  # after SIGINT, a kernel gets this long to mark its run and close its envs
 FINISHED, FAILED, KILLED, SKIPPED = "FINISHED", "FAILED", "KILLED", "SKIPPED"
 POINT_ARTIFACTS = "point"  # a point run's executed notebook and kernel log
@@ -261,7 +262,8 @@ def execute_point(spec: PointSpec, output: Path, kernel: PointKernel | None = No
 def execute_claimed_point(spec: PointSpec, output: Path, kernel: PointKernel | None
                           ) -> PointOutcome:
     """:func:`execute_point` once this process holds the point's claim."""
-    started = time.time()
+    started = time.time()  # compared with the runs' start times (epoch milliseconds)
+    clock = time.monotonic()  # the point's wall time: immune to the machine's clock steps
     client = MlflowClient(spec.tracking_uri)
     done = point_runs(client, spec, status=FINISHED)
     if done:
@@ -291,7 +293,7 @@ def execute_claimed_point(spec: PointSpec, output: Path, kernel: PointKernel | N
         error = f"timed out after {spec.timeout:g} s (sweep.timeout); the kernel was stopped"
     elif kernel.stop_reason == "interrupt":
         error = "interrupted: the sweep was stopped (Ctrl-C or SIGTERM)"
-    wall = time.time() - started
+    wall = time.monotonic() - clock
     run = settle_runs(client, spec, started, error, status)
     if run is not None:
         attach_point_files(client, run.info.run_id, output)
@@ -335,12 +337,21 @@ def run_papermill(spec: PointSpec, output: Path, kernel: PointKernel) -> str | N
 
     source = paths.project_root() / NOTEBOOK
     try:
-        papermill.execute_notebook(
-            str(source), str(output), parameters=spec.parameters,
-            kernel_manager_class=kernel.manager_class(),
-            cwd=str(source.parent), progress_bar=False,
-            start_timeout=KERNEL_START_TIMEOUT_S,
-        )
+        for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
+            try:
+                papermill.execute_notebook(
+                    str(source), str(output), parameters=spec.parameters,
+                    kernel_manager_class=kernel.manager_class(),
+                    cwd=str(source.parent), progress_bar=False,
+                    start_timeout=KERNEL_START_TIMEOUT_S,
+                )
+                break
+            except RuntimeError as exc:
+                if attempt == KERNEL_START_ATTEMPTS or not kernel_never_answered(exc, output,
+                                                                                 kernel):
+                    raise
+                print(f"workbench: {spec.point}: the kernel did not answer ({first_line(str(exc))}"
+                      f"); starting it again", flush=True)
     except PapermillExecutionError as exc:  # a cell raised: papermill marked it already
         return f"{exc.ename}: {first_line(exc.evalue)}"
     except Exception as exc:  # the kernel died (or never started): mark the cell it was in
@@ -353,6 +364,24 @@ def run_papermill(spec: PointSpec, output: Path, kernel: PointKernel) -> str | N
         mark_failing_cell(output, type(exc).__name__, message)
         return message
     return None
+
+
+def kernel_never_answered(exc: RuntimeError, output: Path, kernel: PointKernel) -> bool:
+    """Whether a failed execution is a kernel that never answered its first request, before
+    any cell ran and with no stop asked for: then starting it once more is safe.
+
+    jupyter_client times that wait on the wall clock, so a clock step on the machine (a
+    fresh VM's first time sync) ends it at once; a kernel stuck in a busy machine's start-up
+    is the other cause.
+    """
+    if "didn't respond" not in str(exc) or kernel.stop_reason is not None:
+        return False
+    if not output.exists():
+        return True
+    import nbformat
+
+    cells = nbformat.read(output, as_version=4).cells
+    return not any(c.get("metadata", {}).get("papermill", {}).get("start_time") for c in cells)
 
 
 def first_line(text: str) -> str:
