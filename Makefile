@@ -30,9 +30,19 @@ DEPS_STAMP := $(VENV)/.deps-$(TORCH)
 STAMP := $(VENV)/.installed-$(TORCH)
 TORCH_ROUTE = "$(PYTHON)" scripts/torch_build.py $(1) $(2)$(if $(TORCH_INDEX), --index $(TORCH_INDEX))
 # One pip install, printed first; this machine's notes about local indexes lacking a package
-# are dropped from its stderr.
+# are dropped from its stderr. pip installs without compiling bytecode, one file at a time on
+# one core; `make deps` compiles the whole environment afterwards on every core (COMPILE).
 pip_install = echo "$(PY) -m pip install $(1)" && \
-	"$(PY)" -m pip install -q $(1) 2> >(grep -v "^WARNING: Location" >&2)
+	"$(PY)" -m pip install -q --no-compile $(1) 2> >(grep -v "^WARNING: Location" >&2)
+# The installer: the venv's bundled pip (23.2 for Python 3.11) takes twice as long over the
+# lock as this one (docs/architecture.md, "CI's minutes"); an installer that cannot be fetched
+# leaves the bundled one, which works, only slower.
+PIP_VERSION := 26.3
+PIP_UPGRADE = "$(PY)" -m pip install -q "pip==$(PIP_VERSION)" 2> >(grep -v "^WARNING: Location" >&2) \
+	|| echo "note: pip $(PIP_VERSION) not installed; the bundled pip is slower"
+# Bytecode for everything installed, on every core (-j 0); pip skips files that do not compile
+# (a package's Python 2 examples) and so does this (-qq, errors silenced).
+COMPILE = "$(PY)" -m compileall -qq -j 0 "$$("$(PY)" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
 # The project's Jupyter kernel, "workbench" (notebooks, papermill sweeps), and the .pth file
 # that makes papermill's own command line end on the workbench's one-line error instead of its
 # traceback when a notebook stops on bad input (lib/workbench/notebook_errors.py); `make kernel`
@@ -65,9 +75,10 @@ setup: $(STAMP)
 
 $(DEPS_STAMP): $(LOCK) scripts/torch_build.py
 	@set -e; torch="$$($(call TORCH_ROUTE,pip-args,$(TORCH)))"; \
-	test -x "$(PY)" || "$(PYTHON)" -m venv "$(VENV)"; \
+	test -x "$(PY)" || { "$(PYTHON)" -m venv "$(VENV)" && $(PIP_UPGRADE); }; \
 	$(if $(LOCK),$(call pip_install,--no-deps -r $(LOCK));) \
-	$(call pip_install,$$torch)
+	$(call pip_install,$$torch); \
+	echo "compiling the environment's bytecode"; $(COMPILE)
 	@touch $@
 
 $(STAMP): $(DEPS_STAMP) pyproject.toml
