@@ -42,7 +42,7 @@ PIP_UPGRADE = "$(PY)" -m pip install -q "pip==$(PIP_VERSION)" 2> >(grep -v "^WAR
 	|| echo "note: pip $(PIP_VERSION) not installed; the bundled pip is slower"
 # Bytecode for everything installed, on every core (-j 0); pip skips files that do not compile
 # (a package's Python 2 examples) and so does this (-qq, errors silenced).
-COMPILE = "$(PY)" -m compileall -qq -j 0 "$$("$(PY)" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
+COMPILE = "$(PY)" -m compileall -qq -j 0 "$(VENV)/lib" || true
 # The project's Jupyter kernel, "workbench" (notebooks, papermill sweeps), and the .pth file
 # that makes papermill's own command line end on the workbench's one-line error instead of its
 # traceback when a notebook stops on bad input (lib/workbench/notebook_errors.py); `make kernel`

@@ -196,10 +196,11 @@ def test_make_setup_installs_lock_then_the_chosen_torch_then_the_project(tmp_pat
     assert proc.returncode == 0, proc.stderr
     version = tb.TORCH_VERSION
     assert calls == [
-        "-m pip install -q --no-deps -r requirements/lock.txt",
-        f"-m pip install -q torch=={version}+cu128 --index-url "
+        "-m pip install -q --no-compile --no-deps -r requirements/lock.txt",
+        f"-m pip install -q --no-compile torch=={version}+cu128 --index-url "
         "https://download.pytorch.org/whl/cu128",
-        "-m pip install -q -e .[dev,team,ray,fast]",
+        f"-m compileall -qq -j 0 {tmp_path / 'venv' / 'lib'}",  # bytecode, every core
+        "-m pip install -q --no-compile -e .[dev,team,ray,fast]",
         "-m pip check",
         "-m ipykernel install --sys-prefix --name workbench --display-name Python (workbench)",
         "-m workbench.notebook_errors",  # papermill's one-line errors (a .pth file)
@@ -212,7 +213,7 @@ def test_make_setup_installs_lock_then_the_chosen_torch_then_the_project(tmp_pat
 def test_make_setup_on_an_old_driver_says_so_and_takes_the_cpu_build(tmp_path: Path) -> None:
     proc, calls = make_setup(tmp_path, "550.54.15.txt", "LOCK=")
     assert proc.returncode == 0, proc.stderr
-    assert calls[0] == (f"-m pip install -q torch=={tb.TORCH_VERSION}+cpu --index-url "
+    assert calls[0] == (f"-m pip install -q --no-compile torch=={tb.TORCH_VERSION}+cpu --index-url "
                         "https://download.pytorch.org/whl/cpu")  # LOCK=: no lock step
     assert "driver 550.54.15 runs CUDA up to 12.4, older than every CUDA build" in proc.stderr
 
@@ -221,7 +222,7 @@ def test_make_setup_on_an_old_driver_says_so_and_takes_the_cpu_build(tmp_path: P
 def test_make_setup_without_a_driver_takes_the_cpu_build(tmp_path: Path) -> None:
     proc, calls = make_setup(tmp_path, None, "TORCH_INDEX=none")
     assert proc.returncode == 0, proc.stderr
-    assert calls[1] == f"-m pip install -q torch=={tb.TORCH_VERSION}+cpu"
+    assert calls[1] == f"-m pip install -q --no-compile torch=={tb.TORCH_VERSION}+cpu"
     assert "no NVIDIA driver (nvidia-smi not found)" in proc.stderr
 
 

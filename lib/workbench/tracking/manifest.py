@@ -81,6 +81,10 @@ RECORDED_ENV_PREFIXES = (
 )
 # Run keys that describe this invocation rather than the environment: not compared by diff.
 RUN_KEYS_COMPARED = ("hostname", "deterministic", "environment")
+# A git command past this is taken as hung (its answer is left out). Generous: with the
+# notebooks' clean filter (nbstripout) git starts a Python process per changed notebook,
+# which on a loaded 2-core machine took over 10 s.
+GIT_TIMEOUT_S = 30
 # Git commands get a clean location: a GIT_DIR inherited from a hook or a shell would make
 # the manifest describe some other repository than the project checkout.
 GIT_LOCATION_VARS = (
@@ -407,7 +411,7 @@ def _git(root: Path, *args: str) -> str | None:
         # --no-optional-locks: a background query must not take index.lock from the user's git.
         done = subprocess.run(
             ["git", "--no-optional-locks", "-C", str(root), *args],
-            capture_output=True, text=True, timeout=10, env=env, check=False,
+            capture_output=True, text=True, timeout=GIT_TIMEOUT_S, env=env, check=False,
         )
     except (OSError, subprocess.TimeoutExpired):  # git not installed, or hung
         return None
