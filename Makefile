@@ -35,7 +35,7 @@ TORCH_ROUTE = "$(PYTHON)" scripts/torch_build.py $(1) $(2)$(if $(TORCH_INDEX), -
 pip_install = echo "$(PY) -m pip install $(1)" && \
 	"$(PY)" -m pip install -q --no-compile $(1) 2> >(grep -v "^WARNING: Location" >&2)
 # The installer: the venv's bundled pip (23.2 for Python 3.11) takes twice as long over the
-# lock as this one (docs/architecture.md, "CI's minutes"); an installer that cannot be fetched
+# lock as this one (docs/architecture.md, Tests); an installer that cannot be fetched
 # leaves the bundled one, which works, only slower.
 PIP_VERSION := 26.3
 PIP_UPGRADE = "$(PY)" -m pip install -q "pip==$(PIP_VERSION)" 2> >(grep -v "^WARNING: Location" >&2) \
