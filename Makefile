@@ -38,8 +38,8 @@ pip_install = echo "$(PY) -m pip install $(1)" && \
 # lock as this one (docs/architecture.md, Tests); an installer that cannot be fetched
 # leaves the bundled one, which works, only slower.
 PIP_VERSION := 26.3
-PIP_UPGRADE = "$(PY)" -m pip install -q "pip==$(PIP_VERSION)" 2> >(grep -v "^WARNING: Location" >&2) \
-	|| echo "note: pip $(PIP_VERSION) not installed; the bundled pip is slower"
+PIP_UPGRADE = { "$(PY)" -m pip install -q "pip==$(PIP_VERSION)" 2> >(grep -v "^WARNING: Location" >&2) \
+	|| echo "note: pip $(PIP_VERSION) not installed; the bundled pip is slower"; }
 # Bytecode for everything installed, on every core (-j 0); pip skips files that do not compile
 # (a package's Python 2 examples) and so does this (-qq, errors silenced).
 COMPILE = "$(PY)" -m compileall -qq -j 0 "$(VENV)/lib" || true
