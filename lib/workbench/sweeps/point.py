@@ -380,8 +380,13 @@ def kernel_never_answered(exc: RuntimeError, output: Path, kernel: PointKernel) 
         return True
     import nbformat
 
-    cells = nbformat.read(output, as_version=4).cells
-    return not any(c.get("metadata", {}).get("papermill", {}).get("start_time") for c in cells)
+    return not started_cells(nbformat.read(output, as_version=4))
+
+
+def started_cells(nb: Any) -> list[Any]:
+    """The code cells papermill started (its ``start_time`` in the cell's metadata)."""
+    return [c for c in nb.cells if c.cell_type == "code"
+            and c.get("metadata", {}).get("papermill", {}).get("start_time")]
 
 
 def first_line(text: str) -> str:
@@ -405,7 +410,7 @@ def mark_failing_cell(output: Path, ename: str, message: str) -> None:
         return
     nb = nbformat.read(output, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
-    started = [c for c in code if c.get("metadata", {}).get("papermill", {}).get("start_time")]
+    started = started_cells(nb)
     if not code:
         return
     cell = started[-1] if started else code[0]
