@@ -44,6 +44,16 @@ START_TIMEOUT_S = 180.0  # a loaded 2-core machine can take a while to start a r
 # head after it; the sweep gives up on the head at a third of it. 15 s (Ray's default is 60),
 # for the driver and every node, keeps the head-loss tests short.
 RECONNECT_15S = {"RAY_gcs_rpc_server_reconnect_timeout_s": "15"}
+# Every node of a test cluster waits up to 60 s (Ray's default: 10) for a node's answer to the
+# head's health check before counting a failure: on a loaded machine a raylet that is starting
+# can answer late, and after 5 late answers the head marks it dead and it exits ("mistakenly
+# been marked as dead by the GCS"). A killed node still fails its checks at once (its port is
+# closed), so the tests that kill one see it dead as soon as before.
+PATIENT_HEALTH_CHECK = {"RAY_health_check_timeout_ms": "60000"}
+# A node's processes run at a higher priority than the test workers around them (niceness -5,
+# where the user may raise priority: root on CI), so a busy machine does not starve the head's
+# GCS while a raylet registers: ``ray start`` gives that a fixed 30 s.
+NODE_NICENESS = -5
 
 
 def free_port() -> int:
@@ -72,10 +82,13 @@ def marked_processes(marker: str, node: str | None = None) -> list[psutil.Proces
 # process that started it dies, however it dies (SIGKILL, a pytest-xdist worker ended with its
 # controller): no cluster outlives the test run. A wrapper that sets PR_SET_PDEATHSIG (kept
 # across exec) and execs the command, not preexec_fn: Python code between fork and exec can
-# deadlock in a process with threads, as every pytest-xdist worker is.
+# deadlock in a process with threads, as every pytest-xdist worker is. The wrapper also gives
+# the node its NODE_NICENESS.
 STOP_WITH_PARENT = [sys.executable, "-c", (
-    "import ctypes, os, signal, sys\n"
+    "import contextlib, ctypes, os, signal, sys\n"
     "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
+    "with contextlib.suppress(PermissionError):\n"
+    f"    os.nice({NODE_NICENESS})\n"
     "os.execv(sys.argv[1], sys.argv[1:])")]
 
 
@@ -122,6 +135,15 @@ class RayNode:
             time.sleep(0.5)
         return False
 
+    def failure(self) -> str:
+        """Why the node did not start: the end of its ``ray start`` output and the raylet's
+        fatal lines (the end of its log is a stack trace)."""
+        raylet = sorted(self.temp_dir.glob("session_*/logs/raylet.out"))
+        fatal = [line for line in (raylet[-1].read_text().splitlines() if raylet else [])
+                 if any(word in line for word in ("FATAL", "Check failed", "Exiting", "[E "))]
+        return ("ray start: " + self.log_path.read_text()[-1200:] + "\nraylet: "
+                + ("\n".join(fatal[-5:]) if fatal else "(no fatal line)"))
+
     @property
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -156,7 +178,7 @@ class RayCluster:
         # The repository on every kernel's path: the tests' own env modules (env.id=tests.
         # faulty_envs:...) import there, as they do in the test process.
         base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), base.get("PYTHONPATH")]))
-        self.base_env = {**base, MARKER: self.marker}
+        self.base_env = {**base, **PATIENT_HEALTH_CHECK, MARKER: self.marker}
         self.nodes: dict[str, RayNode] = {}
         self.serial = 0
         try:
@@ -176,17 +198,17 @@ class RayCluster:
                        env={**self.base_env, **extra_env})
 
     def start_node(self, name: str, cpus: int, extra_env: Mapping[str, str]) -> RayNode:
-        """Start a node, up to 3 attempts: on a loaded machine a raylet can die at start-up
-        (its wait for the dashboard agent's port file has a fixed timeout)."""
-        for _ in range(3):
+        """Start a node, up to 3 attempts: on a loaded machine a node can fail to start
+        (``ray start`` waits a fixed 30 s for its raylet to register with the head)."""
+        why = []
+        for attempt in range(3):
+            time.sleep(10 * attempt)  # a load spike passes
             node = self.nodes[name] = self.new_node(name, cpus, extra_env)
             if node.wait_started():
                 return node
             node.stop()
-        raylet = sorted(node.temp_dir.glob("session_*/logs/raylet.out"))
-        raise RuntimeError(f"Ray node {name} did not start in 3 attempts:\n"
-                           + node.log_path.read_text()[-2000:] + "\nraylet.out: "
-                           + (raylet[-1].read_text()[-1500:] if raylet else "(none)"))
+            why.append(f"attempt {attempt + 1}: {node.failure()}")
+        raise RuntimeError(f"Ray node {name} did not start in 3 attempts:\n" + "\n".join(why))
 
     @property
     def address(self) -> str:
