@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -125,6 +126,18 @@ def test_final_return_reports_each_scheduled_evaluation() -> None:
     (["tune.sampler=grid"], "tune.sampler=grid: search.params.learning_rate is a range"),
     (["eval.every_steps=64"], "'eval.every_steps=64' on the command line: eval.every_steps is "
                               "set per trial by the study; use tune.eval_every_steps instead"),
+    (["tune.pruner=wilcoxon"], "tune.pruner=wilcoxon compares trials seed by seed: add "
+                               "tune.seeds=[0,1,2]"),
+    (["tune.seeds=[]"], "tune.seeds=[]: give at least one seed"),
+    (["tune.seeds=[0,1,0]"], "tune.seeds=[0, 1, 0]: a seed is repeated"),
+    (["tune.seeds=[0,1]", "tune.recheck_seeds=[1,2]"],
+     "tune.recheck_seeds=[1, 2]: seeds [1] are also in tune.seeds; the check needs fresh seeds"),
+    (["tune.seeds=[0,1]", "tune.recheck_seeds=[7]"], "tune.recheck_seeds=[7]: one seed gives "
+                                                      "no interval"),
+    (["tune.recheck_seeds=[7,8]"], "tune.recheck_seeds: the check against the defaults runs "
+                                   "only with tune.seeds"),
+    (["tune.seeds=[0,1]", "seed=4"], "'seed=4' on the command line: with tune.seeds every trial "
+                                     "trains on each of them"),
 ])
 def test_bad_tuning_requests_are_refused_in_the_plan(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -141,6 +154,41 @@ def test_plan_names_the_study_from_what_it_searches(store: Path) -> None:
     assert plan_tune([*TINY_STUDY, "tune.study=mine"], n_trials=4).n_trials == 4
     assert plan.point_overrides[0] == "eval.every_steps=128"  # debug=tiny's tune.eval_every
     assert plan.storage == f"sqlite:///{store / 'optuna.db'}"  # beside the MLflow store
+
+
+@pytest.mark.unit
+def test_a_study_over_seeds_is_another_study_with_fresh_seeds_for_its_check() -> None:
+    plan = plan_tune([*TINY_STUDY, "tune.seeds=[0,1,2]"])
+    assert plan.seeds == (0, 1, 2) and plan.recheck_seeds == (3, 4, 5) and plan.rechecks
+    assert plan.study != plan_tune(TINY_STUDY).study
+    assert plan.study != plan_tune([*TINY_STUDY, "tune.seeds=[0,1,2]", "tune.aggregate=iqm"]).study
+    assert not plan_tune([*TINY_STUDY, "tune.seeds=[0,1]", "tune.recheck_top=0"]).rechecks
+    assert plan_tune(TINY_STUDY).seeds == ()
+
+
+@pytest.mark.unit
+def test_seed_values_aggregate_and_the_recheck_verdict_reads_plainly() -> None:
+    from workbench.review.statistics import judge_over_seeds
+    from workbench.tuning.objectives import aggregate_seeds
+    from workbench.tuning.recheck import Recheck, seed_range
+
+    assert aggregate_seeds([1.0, 9.0, 2.0], "median") == 2.0
+    assert aggregate_seeds([1.0, 9.0, 2.0], "mean") == 4.0
+    assert aggregate_seeds([0.0, 1.0, 2.0, 3.0, 100.0, 4.0, 5.0, 6.0], "iqm") == 3.5
+    assert math.isnan(aggregate_seeds([1.0, math.nan], "median"))
+    assert seed_range([12, 10, 11, 14, 13]) == "10-14" and seed_range([5, 6]) == "5, 6"
+
+    direction, poi = judge_over_seeds([10.0, 11, 12, 13, 14], [1.0, 2, 3, 4, 5])
+    assert direction == "better" and poi.estimate == 1.0
+    check = Recheck(trial=3, trials=[3, 1], seeds=[10, 11, 12, 13, 14], direction=direction,
+                    poi=poi.estimate, low=poi.low, high=poi.high, scores={}, failed=[])
+    assert check.verdict == "better than the defaults: PoI 1.00 [1.00, 1.00] on seeds 10-14"
+    direction, poi = judge_over_seeds([1.0, 5, 3], [2.0, 4, 3])
+    assert direction is None
+    assert Recheck(3, [3], [7, 8, 9], None, poi.estimate, poi.low, poi.high, {}, []).verdict\
+        .startswith("not distinguishable from the defaults: PoI 0.50 [")
+    assert Recheck(3, [3], [7, 8], None, math.nan, math.nan, math.nan, {}, ["recheck-x"])\
+        .verdict == "not checked: 1 run(s) of the check on seeds 7, 8 did not finish (recheck-x)"
 
 
 @pytest.mark.unit
@@ -291,6 +339,61 @@ def test_four_trial_study_prunes_resumes_and_writes_a_best_config(store: Path,
     markdown = (folder / "report.md").read_text()
     assert "## Study pendulum" in markdown
     assert f"/runs/{best_trial.user_attrs['mlflow_run_id']})" in markdown  # linked top trial
+
+
+@pytest.mark.slow
+def test_a_study_over_seeds_rechecks_its_best_trial_against_the_defaults(store: Path) -> None:
+    # A trial on 2 seeds, then it and the defaults on 2 fresh seeds: 6 trainings, 2 at a time.
+    args = ["tune", "--n-trials", "1", *TINY_STUDY, "tune.study=seeded", "tune.seed=1",
+            "tune.seeds=[0,1]", "tune.recheck_top=1", "tune.recheck_seeds=[5,6]",
+            "tune.pruner=wilcoxon", "tune.workers=2"]
+    proc = run_cli(*args, env=CORES_2, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "each trial on seeds 0, 1 (median); the best 1 then against the defaults on seeds " \
+           "5, 6" in proc.stdout
+    trials = study_trials(store, "seeded")
+    assert [t.state.name for t in trials] == ["COMPLETE"]
+    runs = tune_runs("trial")
+    for trial in trials:  # one run per seed; the trial's value is their median
+        mine = [r for r in runs if r.data.tags["tune.trial"] == str(trial.number)]
+        assert sorted(r.data.params["seed"] for r in mine) == ["0", "1"]
+        assert trial.value == pytest.approx(
+            sum(float(r.data.tags["tune.seed_value"]) for r in mine) / 2)
+        assert {r.data.tags["tune.state"] for r in mine} == {"COMPLETE"}
+        assert sorted(trial.intermediate_values) == [0, 1]  # reported seed by seed
+    best = max(trials, key=lambda t: t.value)
+    checked = tune_runs("recheck")
+    assert sorted((r.data.tags["tune.recheck"], r.data.params["seed"]) for r in checked) == [
+        ("defaults", "5"), ("defaults", "6"), (f"trial-{best.number:03d}", "5"),
+        (f"trial-{best.number:03d}", "6")]
+    assert {r.info.status for r in checked} == {"FINISHED"}
+    # The check's runs of the trial share its seed-free configuration id.
+    config_ids = {r.data.tags["workbench.config_id"] for r in checked
+                  if r.data.tags["tune.recheck"] != "defaults"}
+    assert config_ids == {r.data.tags["workbench.config_id"] for r in runs
+                          if r.data.tags["tune.trial"] == str(best.number)}
+
+    (parent,) = tune_runs("study")
+    verdict = parent.data.tags["tune.verdict"]
+    assert re.fullmatch(r"(better than|worse than|not distinguishable from) the defaults: "
+                        r"PoI \d\.\d\d \[\d\.\d\d, \d\.\d\d\] on seeds 5, 6", verdict), verdict
+    assert parent.data.tags["tune.recheck_trial"] == str(best.number)
+    assert f"re-check           : trial {best.number} is {verdict}" in proc.stdout
+    preset = (store / "conf" / "experiment" / "tuned" / "seeded.yaml").read_text()
+    assert f"#   re-checked: {verdict}\n" in preset
+    assert f"trial {best.number} scored" in preset and "over seeds 0, 1" in preset
+
+    again = run_cli(*args, env=CORES_2, timeout=600)  # the stored verdict, no training
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "1 in total, 1 done earlier, 0 to run" in again.stdout
+    assert f"is {verdict}" in again.stdout
+    assert len(tune_runs("recheck")) == 4 and len(tune_runs("trial")) == 2
+
+    other = run_cli("tune", "--n-trials", "1", *TINY_STUDY, "tune.study=seeded",
+                    "tune.seeds=[0,1,2]")
+    assert other.returncode == 2
+    assert "tune.study=seeded: this study's trials train on seeds [0, 1], not [0, 1, 2]" \
+        in other.stderr
 
 
 @pytest.mark.slow

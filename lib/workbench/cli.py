@@ -143,11 +143,12 @@ def setup_tune(parser: argparse.ArgumentParser) -> Runner:
 
     def run(args: argparse.Namespace) -> int:
         checked = request.check_request(args.overrides, args.n_trials)  # before MLflow, torch
+        from workbench.review.statistics import judge_over_seeds
         from workbench.sweeps.point import ClusterLost
         from workbench.tuning.study import run_tune
 
         try:
-            result = run_tune(checked)
+            result = run_tune(checked, judge=judge_over_seeds)
         except ClusterLost as exc:
             print(f"workbench: {printable(str(exc))}", file=sys.stderr)
             return EXIT_FAILED
@@ -155,6 +156,10 @@ def setup_tune(parser: argparse.ArgumentParser) -> Runner:
             listed = ", ".join(f"{r.number} ({r.error})" for r in result.failures)
             print(f"workbench: {len(result.failures)} of {len(result.records)} trials failed: "
                   f"{printable(listed)}", file=sys.stderr)
+            return EXIT_FAILED
+        if result.recheck and result.recheck.failed:
+            print(f"workbench: the best trials were {result.recheck.verdict}; run the same "
+                  "command again to check them", file=sys.stderr)
             return EXIT_FAILED
         return EXIT_OK
 

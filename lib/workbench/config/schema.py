@@ -94,7 +94,18 @@ class TunePruner(StrEnum):
     median = "median"  # below the median of completed trials at the same report
     halving = "halving"  # asynchronous successive halving
     hyperband = "hyperband"
+    # with tune.seeds: after each seed, a Wilcoxon signed-rank test of the trial's per-seed
+    # values against the best trial's on the same seeds
+    wilcoxon = "wilcoxon"
     none = "none"
+
+
+class TuneAggregate(StrEnum):
+    """How a trial's per-seed values make its value (``tune.aggregate``, with tune.seeds)."""
+
+    median = "median"
+    mean = "mean"
+    iqm = "iqm"  # interquartile mean: the mean of the middle half of the seeds
 
 
 @dataclass(frozen=True)
@@ -378,6 +389,15 @@ class TuneConfig:
     startup_trials: int = ranged(5, 0, example=5)  # median: no pruning before N completed trials
     warmup_steps: int = ranged(0, 0, example=0)  # median: no pruning before this report step
     workers: int = ranged(1, 1, example=2)  # concurrent trials; each gets cores / workers CPUs
+    # every trial trains once per seed, its value their tune.aggregate (pruned between seeds);
+    # None: one training on `seed`, pruned mid-training (docs/tuning.md)
+    seeds: list[int] | None = None
+    aggregate: TuneAggregate = TuneAggregate.median
+    # with tune.seeds: the best N trials train again on tune.recheck_seeds next to the shipped
+    # defaults, and the preset says whether the best of them beats the defaults (0: no check)
+    recheck_top: int = ranged(2, 0, example=2)
+    # seeds of that check, none of tune.seeds; None: as many as tune.seeds, after the largest
+    recheck_seeds: list[int] | None = None
     executor: SweepExecutor = SweepExecutor.local
     # seconds per trial (kernel start included); None: no limit
     timeout: float | None = ranged(None, 0, above=True, example=3600)

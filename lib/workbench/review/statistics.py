@@ -217,6 +217,13 @@ def improvement_direction(poi: Interval) -> str | None:
     return None
 
 
+def judge_over_seeds(x: Sequence[float], y: Sequence[float]) -> tuple[str | None, Interval]:
+    """P(X > Y) over one task's seeds and its reading (:func:`improvement_direction`): how
+    ``workbench tune`` judges its best trials against the defaults."""
+    poi = probability_of_improvement([x], [y])
+    return improvement_direction(poi), poi
+
+
 def improvement_verdict(poi: Interval, seeds: int) -> str:
     """The plain reading of P(X > Y): :func:`improvement_direction`, else ``not
     distinguishable with N seeds``."""

@@ -32,8 +32,11 @@ def best_config_path(study: str) -> Path:
 
 
 def best_config_text(study: str, objective: Objective, number: int, value: float,
-                     run_id: str | None, cfg: WorkbenchConfig, sampled: dict[str, Any]) -> str:
-    """The preset's YAML with its provenance in a comment.
+                     run_id: str | None, cfg: WorkbenchConfig, sampled: dict[str, Any], *,
+                     verdict: str | None = None, seeds: str | None = None) -> str:
+    """The preset's YAML with its provenance in a comment: in a study over ``seeds``, the
+    trial's value is their aggregate, and ``verdict`` says how the trial did against the
+    defaults on fresh seeds.
 
     ``algo=ppo_sb3`` underneath: every algo value is written out, so no per-task file
     (``conf/tuning/``) or interpolation of ``conf/algo/ppo.yaml`` changes what it trains.
@@ -46,13 +49,16 @@ def best_config_text(study: str, objective: Objective, number: int, value: float
         "algo": resolved["algo"],
     }
     sampled_text = ", ".join(f"{k}={v}" for k, v in sampled.items())
+    which = "Best trial" if verdict is None else "Trial chosen on fresh seeds"
     header = [
         "# @package _global_",
-        f"# Best trial of study {study} (workbench tune), written "
+        f"# {which} of study {study} (workbench tune), written "
         f"{datetime.now(UTC).isoformat(timespec='seconds')}:",
         f"#   objective {objective.describe()}, {objective.direction}: trial {number} scored "
-        f"{value:.4g} {UNITS[objective.name]}" + (f" (MLflow run {run_id})" if run_id else ""),
+        f"{value:.4g} {UNITS[objective.name]}" + (f" over seeds {seeds}" if seeds else "")
+        + (f" (MLflow run {run_id})" if run_id else ""),
         f"#   sampled: {sampled_text}",
+        *([f"#   re-checked: {verdict}"] if verdict else []),
         f"# Train it: workbench train experiment=tuned/{study}  (docs/tuning.md). The algo",
         "# section is the trial's whole resolved algo config; total_timesteps and seed are yours.",
     ]

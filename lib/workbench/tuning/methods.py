@@ -37,7 +37,7 @@ def pruner_settings(tune: TuneConfig) -> dict[str, Any]:
 
 
 def build_pruner(settings: Mapping[str, Any]) -> Any:
-    """Median (Optuna's default), successive halving, Hyperband or none."""
+    """Median (Optuna's default), successive halving, Hyperband, Wilcoxon or none."""
     import optuna
 
     name = settings.get("name", "median")
@@ -48,4 +48,9 @@ def build_pruner(settings: Mapping[str, Any]) -> Any:
         return optuna.pruners.SuccessiveHalvingPruner()
     if name == "hyperband":
         return optuna.pruners.HyperbandPruner()
+    if name == "wilcoxon":
+        # Reports are per-seed values (step = the seed's index): a trial stops once it is
+        # significantly worse than the best trial on the same seeds. Two-sided, 3 seeds can
+        # never reach p < 0.1 (the smallest p of 3 pairs is 0.25); 5 can (0.0625).
+        return optuna.pruners.WilcoxonPruner(p_threshold=0.1)
     return optuna.pruners.NopPruner()

@@ -166,3 +166,19 @@ def curve_from_metrics(train_s: Mapping[int, float], returns: Mapping[int, float
     """The curve from two metric histories keyed by step (``trial/eval_train_s``,
     ``eval/mean_reward``): the steps where both were logged, in order."""
     return [Evaluation(train_s[s], s, returns[s]) for s in sorted(train_s) if s in returns]
+
+
+def aggregate_seeds(values: Sequence[float], how: str) -> float:
+    """A trial's value from its per-seed values (``tune.aggregate``): the median, the mean
+    or the interquartile mean (scipy's 25 % trimmed mean, rliable's IQM); NaN if any is."""
+    import numpy as np  # here: the request's checks (this module) import no numpy
+
+    if not values or any(not math.isfinite(v) for v in values):
+        return math.nan
+    if how == "mean":
+        return float(np.mean(values))
+    if how == "iqm":
+        from scipy import stats
+
+        return float(stats.trim_mean(values, proportiontocut=0.25))
+    return float(np.median(values))

@@ -51,6 +51,9 @@ class TunePlan(TuneRequest):
             "tune.n_trials": self.n_trials, "tune.search": self.space.name,
             "tune.space": self.space.describe(), "tune.overrides": self.point_overrides,
             "tune.total_timesteps": self.base.total_timesteps,
+            **({"tune.seeds": list(self.seeds), "tune.aggregate": str(t.aggregate),
+                "tune.recheck_top": t.recheck_top, "tune.recheck_seeds": list(self.recheck_seeds)}
+               if self.seeds else {}),
         }
 
 
@@ -76,7 +79,8 @@ def plan_tune(overrides: Sequence[str] | TuneRequest, n_trials: int | None = Non
     return TunePlan(
         study=request.study, env=base.env.name, space=request.space,
         objective=request.objective, settings=tune, n_trials=request.n_trials, base=base,
-        point_overrides=request.point_overrides, tracking_uri=tracking_uri,
+        point_overrides=request.point_overrides, seeds=request.seeds,
+        recheck_seeds=request.recheck_seeds, tracking_uri=tracking_uri,
         experiment=base.tracking.experiment, storage=storage,
         out_dir=paths.experiments_dir() / "tuning" / request.study,
     )

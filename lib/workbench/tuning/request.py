@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from workbench import config
 from workbench.config import ConfigError, TuneConfig, WorkbenchConfig
+from workbench.config.schema import SEED_MAX
 from workbench.sweeps.request import compose_typed, override_key
 from workbench.tuning.objectives import Objective
 from workbench.tuning.space import SearchSpace, largest_rollout, parse_space
@@ -55,6 +56,13 @@ class TuneRequest:
     n_trials: int
     base: WorkbenchConfig  # a trial's config before its sampled values
     point_overrides: list[str]  # every trial's notebook gets these, then its sampled values
+    seeds: tuple[int, ...]  # tune.seeds: each trial trains once per seed; (): on `seed`
+    recheck_seeds: tuple[int, ...]  # the fresh seeds of the check against the defaults
+
+    @property
+    def rechecks(self) -> bool:
+        """True when the best trials are checked against the defaults on fresh seeds."""
+        return bool(self.seeds) and self.settings.recheck_top > 0
 
 
 def check_request(overrides: Sequence[str], n_trials: int | None = None) -> TuneRequest:
@@ -76,7 +84,13 @@ def check_request(overrides: Sequence[str], n_trials: int | None = None) -> Tune
     check_objective(objective, base)
     check_budget(space, base)
     check_sampler(tune, space)
-    study = tune.study or study_identity(base.env.name, space, objective, point_overrides)
+    seeds, recheck_seeds = check_seeds(tune)
+    for text in point_overrides if seeds else ():
+        if override_key(text) == "seed":
+            raise ConfigError(f"{text!r} on the command line: with tune.seeds every trial "
+                              "trains on each of them; drop it or put it in tune.seeds")
+    study = tune.study or study_identity(base.env.name, space, objective, point_overrides,
+                                         seeds, str(tune.aggregate))
     if not STUDY_PATTERN.fullmatch(study):
         raise ConfigError(f"tune.study={study!r}: use letters, digits, '_', '.', '-' only")
     total = n_trials if n_trials is not None else tune.n_trials
@@ -88,7 +102,46 @@ def check_request(overrides: Sequence[str], n_trials: int | None = None) -> Tune
         raise ConfigError(f"tune.ray.gpus_per_point={tune.ray.gpus_per_point:g}: must be >= 0 "
                           "(0: the trials get no GPU from Ray)")
     return TuneRequest(study=study, space=space, objective=objective, settings=tune,
-                       n_trials=total, base=base, point_overrides=point_overrides)
+                       n_trials=total, base=base, point_overrides=point_overrides,
+                       seeds=seeds, recheck_seeds=recheck_seeds)
+
+
+def check_seeds(tune: TuneConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``tune.seeds`` and the check's fresh seeds: distinct, in range, not overlapping; the
+    Wilcoxon pruner only with seeds (it compares trials seed by seed)."""
+    if tune.seeds is None:
+        if str(tune.pruner) == "wilcoxon":
+            raise ConfigError("tune.pruner=wilcoxon compares trials seed by seed: add "
+                              "tune.seeds=[0,1,2] (or choose tune.pruner=median)")
+        if tune.recheck_seeds is not None:
+            raise ConfigError("tune.recheck_seeds: the check against the defaults runs only "
+                              "with tune.seeds=[...]; add them or drop tune.recheck_seeds")
+        return (), ()
+    seeds = distinct_seeds("tune.seeds", tune.seeds)
+    if tune.recheck_seeds is None:
+        fresh = tuple(range(max(seeds) + 1, max(seeds) + 1 + len(seeds)))
+    else:
+        fresh = distinct_seeds("tune.recheck_seeds", tune.recheck_seeds)
+    reused = sorted(set(seeds) & set(fresh))
+    if reused:
+        raise ConfigError(f"tune.recheck_seeds={list(fresh)}: seeds {reused} are also in "
+                          "tune.seeds; the check needs fresh seeds the study never saw")
+    if tune.recheck_top and len(fresh) < 2:
+        raise ConfigError(f"tune.recheck_seeds={list(fresh)}: one seed gives no interval; "
+                          "give at least 2 (e.g. [10,11,12,13,14])")
+    return seeds, fresh
+
+
+def distinct_seeds(key: str, values: Sequence[int]) -> tuple[int, ...]:
+    """A non-empty list of distinct seeds within the config's seed range."""
+    if not values:
+        raise ConfigError(f"{key}=[]: give at least one seed, e.g. {key}=[0,1,2]")
+    if len(set(values)) != len(values):
+        raise ConfigError(f"{key}={list(values)}: a seed is repeated; each seed once")
+    for value in values:
+        if not 0 <= value <= SEED_MAX:
+            raise ConfigError(f"{key}={list(values)}: seed {value} is outside 0..{SEED_MAX}")
+    return tuple(int(v) for v in values)
 
 
 def is_study_override(text: str) -> bool:
@@ -185,9 +238,14 @@ def check_sampler(tune: TuneConfig, space: SearchSpace) -> None:
 
 
 def study_identity(env: str, space: SearchSpace, objective: Objective,
-                   point_overrides: Sequence[str]) -> str:
-    """``<env>-<objective>-<8 hex>``: the same request gives the same study (resumable)."""
-    payload = json.dumps({"space": space.as_dict(), "objective": objective.as_dict(),
-                          "overrides": list(point_overrides)}, sort_keys=True)
+                   point_overrides: Sequence[str], seeds: Sequence[int] = (),
+                   aggregate: str = "median") -> str:
+    """``<env>-<objective>-<8 hex>``: the same request gives the same study (resumable); a
+    study over seeds is another study than one over a single seed."""
+    identity: dict[str, object] = {"space": space.as_dict(), "objective": objective.as_dict(),
+                                   "overrides": list(point_overrides)}
+    if seeds:
+        identity.update(seeds=list(seeds), aggregate=aggregate)
+    payload = json.dumps(identity, sort_keys=True)
     digest = hashlib.sha256(payload.encode()).hexdigest()[:8]
     return f"{env}-{objective.name.replace('_', '-')}-{digest}"

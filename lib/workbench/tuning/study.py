@@ -58,8 +58,17 @@ from workbench.tracking.store import MAX_TAG_VALUE_LENGTH, is_embedded, log_para
 from workbench.tuning.best import best_config_text, write_best_config
 from workbench.tuning.executors import TrialBackend, make_backend
 from workbench.tuning.methods import PRUNER_ATTR, build_pruner, build_sampler, pruner_settings
-from workbench.tuning.objectives import UNITS, curve_from_metrics
+from workbench.tuning.objectives import UNITS, aggregate_seeds, curve_from_metrics
 from workbench.tuning.plan import TunePlan, plan_tune, trial_config
+from workbench.tuning.recheck import (
+    CANDIDATE_TAG,
+    Judge,
+    Recheck,
+    run_recheck,
+    seed_range,
+    tag_study,
+    trial_name,
+)
 from workbench.tuning.request import TuneRequest
 from workbench.tuning.storage import (
     COUNTED,
@@ -74,7 +83,7 @@ from workbench.tuning.storage import (
     quiet_optuna,
     study_lock,
 )
-from workbench.tuning.trial import OBJECTIVE_ATTR, STORAGE_ENV, format_value
+from workbench.tuning.trial import OBJECTIVE_ATTR, SEEDS_ATTR, STORAGE_ENV, format_value
 
 PARENT_ATTR = "workbench.parent_run_id"
 COMPLETE, PRUNED, FAIL = "COMPLETE", "PRUNED", "FAIL"
@@ -107,6 +116,7 @@ class TuneResult:
     best_config: Path | None
     wall_s: float
     trials_in_study: int = 0
+    recheck: Recheck | None = None  # a study over seeds: its best trials against the defaults
 
     @property
     def failures(self) -> list[TrialRecord]:
@@ -122,10 +132,19 @@ class Ticket:
     values: dict[str, Any]
     spec: PointSpec
     adjusted: dict[str, Any] = field(default_factory=dict)
+    seeds: tuple[int, ...] = ()  # a study over seeds: the trial trains on each, in turn
+    scores: list[float] = field(default_factory=list)  # the value of each seed trained
+    run_ids: list[str] = field(default_factory=list)  # the run of each seed trained
+    wall_s: float = 0.0  # every seed's point, kernel starts included
 
 
-def run_tune(overrides: Sequence[str] | TuneRequest, n_trials: int | None = None) -> TuneResult:
+def run_tune(overrides: Sequence[str] | TuneRequest, n_trials: int | None = None,
+             judge: Judge | None = None) -> TuneResult:
     """Plan, open the study and the parent run, run trials until the total, report.
+
+    A study over seeds (``tune.seeds``) then checks its best trials against the defaults on
+    fresh seeds, judged by ``judge`` (:mod:`workbench.tuning.recheck`); without one, that
+    check is skipped and no preset is written.
 
     ``overrides`` may be checked already (:func:`workbench.tuning.request.check_request`,
     ``n_trials`` then unused). Raises :class:`ConfigError` for a bad request (before
@@ -139,12 +158,12 @@ def run_tune(overrides: Sequence[str] | TuneRequest, n_trials: int | None = None
     backend = make_backend(str(plan.settings.executor), plan.settings.workers, plan.ray_address,
                            plan.settings.ray.gpus_per_point)
     try:
-        return tune_with(plan, backend)
+        return tune_with(plan, backend, judge)
     finally:
         backend.close()
 
 
-def tune_with(plan: TunePlan, backend: TrialBackend) -> TuneResult:
+def tune_with(plan: TunePlan, backend: TrialBackend, judge: Judge | None = None) -> TuneResult:
     """The study proper, on a connected backend."""
     started = time.perf_counter()
     # The tracking store is checked before the study's storage and folder are made.
@@ -156,12 +175,12 @@ def tune_with(plan: TunePlan, backend: TrialBackend) -> TuneResult:
         parent_id = parent_run(client, experiment_id, plan, study)
     with parent_closed_on_error(client, parent_id):
         return study_trials(plan, backend, study, storage, client, experiment_id, parent_id,
-                            started)
+                            started, judge)
 
 
 def study_trials(plan: TunePlan, backend: TrialBackend, study: Any, storage: Any,
                  client: MlflowClient, experiment_id: str, parent_id: str,
-                 started: float) -> TuneResult:
+                 started: float, judge: Judge | None = None) -> TuneResult:
     """The trials of a study whose parent run exists, then the parent closed."""
     import optuna
 
@@ -174,12 +193,22 @@ def study_trials(plan: TunePlan, backend: TrialBackend, study: Any, storage: Any
     records, status, lost = run_trials(plan, study, storage, backend, client, parent_id,
                                        experiment_id)
     best = best_trial(study)
-    path = write_best(plan, best) if best else None
+    recheck = None
+    if best and status is None and plan.rechecks and judge is not None and all_in(plan, study):
+        recheck = run_recheck(
+            plan, study, backend, client, score=lambda run_id: score_run(plan, client, run_id),
+            judge=judge, specs=lambda name, values, seed: trial_spec(
+                plan, name, values, parent_id, experiment_id, backend.cpus_per_trial, seed,
+                recheck=True)[0])
+        if recheck is not None:
+            best = best_trial(study, recheck.trial)
+            tag_study(client, parent_id, recheck)
+    path = write_best(plan, best, recheck) if best and (recheck or not plan.rechecks) else None
     wall = time.perf_counter() - started
     status = finish_parent(client, parent_id, study, records, wall, status, best,
                            error=str(lost) if lost else None)
     result = TuneResult(plan.study, parent_id, status, records, best, path, wall,
-                        len(study.get_trials(deepcopy=False)))
+                        len(study.get_trials(deepcopy=False)), recheck)
     print_results(result, plan)
     if status == KILLED:
         raise KeyboardInterrupt
@@ -229,7 +258,14 @@ def open_study(plan: TunePlan, storage: Any) -> Any:
             f"(target {stored.get('target')}, budget {stored.get('budget_s')} s), not "
             f"{plan.objective.describe()}; keep its settings or choose another tune.study"
         )
+    seeds = study.user_attrs.get(SEEDS_ATTR) or []
+    if stored is not None and seeds != list(plan.seeds):
+        raise ConfigError(
+            f"tune.study={plan.study}: this study's trials train on seeds {seeds or 'seed'}, "
+            f"not {list(plan.seeds) or 'seed'}; keep its tune.seeds or choose another "
+            "tune.study")
     study.set_user_attr(OBJECTIVE_ATTR, plan.objective.as_dict())
+    study.set_user_attr(SEEDS_ATTR, list(plan.seeds))
     study.set_user_attr(PRUNER_ATTR, pruner_settings(plan.settings))
     study.set_user_attr("workbench.space", plan.space.as_dict())
     study.set_user_attr("workbench.overrides", plan.point_overrides)
@@ -297,8 +333,15 @@ def run_trials(plan: TunePlan, study: Any, storage: Any, backend: TrialBackend,
                     break
                 for handle in backend.wait(list(inflight)):
                     ticket = inflight.pop(handle)
-                    record = settle_trial(plan, study, storage, client, ticket,
-                                          backend.result(handle))
+                    outcome = backend.result(handle)
+                    following = next_seed(plan, client, ticket, outcome, parent_id,
+                                          experiment_id, backend.cpus_per_trial)
+                    if following is not None:
+                        ticket.spec = following
+                        output = plan.out_dir / f"{following.point}.ipynb"
+                        inflight[backend.submit(following, output)] = ticket
+                        continue
+                    record = settle_trial(plan, study, storage, client, ticket, outcome)
                     heartbeat.discard(ticket.trial_id)
                     records.append(record)
                     report(record)
@@ -347,15 +390,51 @@ def claim_trial(plan: TunePlan, study: Any, storage: Any, parent_id: str, experi
         values = {d.name: d.suggest(trial) for d in plan.space.dimensions}
     trial_id = storage.get_trial_id_from_study_id_trial_number(
         storage.get_study_id_from_name(plan.study), trial.number)
-    spec, adjusted = trial_spec(plan, trial.number, values, parent_id, experiment_id, cpus)
+    seed = plan.seeds[0] if plan.seeds else None
+    spec, adjusted = trial_spec(plan, trial_name(trial.number), values, parent_id,
+                                experiment_id, cpus, seed)
     if adjusted:
         trial.set_user_attr("workbench.adjusted", adjusted)
-    return Ticket(trial, trial_id, values, spec, adjusted)
+    return Ticket(trial, trial_id, values, spec, adjusted, seeds=plan.seeds)
 
 
-def trial_spec(plan: TunePlan, number: int, values: dict[str, Any], parent_id: str,
-               experiment_id: str, cpus: int) -> tuple[PointSpec, dict[str, Any]]:
-    """The trial as a sweep point: notebook parameters, kernel environment, tags.
+def next_seed(plan: TunePlan, client: MlflowClient, ticket: Ticket, outcome: PointOutcome,
+              parent_id: str, experiment_id: str, cpus: int) -> PointSpec | None:
+    """A study over seeds: the seed that ended scored and reported to the pruner (its value
+    with tune.pruner=wilcoxon, the seeds' running aggregate otherwise); the point of the
+    trial's next seed, or None when the trial is done (its last seed, pruned, or failed)."""
+    if not ticket.seeds:
+        return None
+    ticket.wall_s += outcome.wall_s or 0.0
+    if outcome.status not in (FINISHED, SKIPPED) or not outcome.run_id:
+        return None
+    value = score_run(plan, client, outcome.run_id)
+    ticket.scores.append(value)
+    ticket.run_ids.append(outcome.run_id)
+    with contextlib.suppress(Exception):  # a run deleted meanwhile: the study still knows
+        client.set_tag(outcome.run_id, "tune.seed_value", f"{value:.6g}")
+    if not math.isfinite(value):
+        return None
+    step = len(ticket.scores) - 1
+    reported = (value if str(plan.settings.pruner) == "wilcoxon"
+                else aggregate_seeds(ticket.scores, str(plan.settings.aggregate)))
+    ticket.trial.report(reported, step)
+    if ticket.trial.should_prune():
+        ticket.trial.set_user_attr(PRUNED_AT, {"report": step, "value": reported,
+                                               "seed": ticket.seeds[step]})
+        return None
+    if len(ticket.scores) == len(ticket.seeds):
+        return None
+    return trial_spec(plan, trial_name(ticket.trial.number), ticket.values, parent_id,
+                      experiment_id, cpus, ticket.seeds[len(ticket.scores)])[0]
+
+
+def trial_spec(plan: TunePlan, name: str, values: dict[str, Any], parent_id: str,
+               experiment_id: str, cpus: int, seed: int | None = None, recheck: bool = False
+               ) -> tuple[PointSpec, dict[str, Any]]:
+    """A trial as a sweep point (one of its seeds in a study over seeds): notebook
+    parameters, kernel environment, tags; with ``recheck``, a point of the check against the
+    defaults (``name``: ``defaults`` or the trial's), which no Optuna trial follows.
 
     A sampled ``batch_size`` larger than the trial's rollout is lowered to the rollout (as
     rl-baselines3-zoo does), and the adjustment recorded in the trial.
@@ -368,23 +447,26 @@ def trial_spec(plan: TunePlan, number: int, values: dict[str, Any], parent_id: s
         adjusted["batch_size"] = num_envs * n_steps
     effective = {k: v for k, v in {**values, **adjusted}.items()
                  if k not in ("num_envs", "n_steps")}
-    name = f"trial-{number:03d}"
+    point = (f"recheck-{name}" if recheck else name) + ("" if seed is None else f"-seed{seed}")
+    seed = base.seed if seed is None else seed
     sampled = plan.space.overrides(effective)
-    overrides = [*plan.point_overrides, *sampled, f"tracking.run_name={hydra_value(name)}"]
+    overrides = [*plan.point_overrides, *sampled, f"tracking.run_name={hydra_value(point)}"]
     budget = str(cpus)
+    number = -1 if recheck else int(name.removeprefix("trial-"))
+    role = {"tune.role": "recheck", CANDIDATE_TAG: name} if recheck else {
+        "tune.role": "trial", "tune.trial": str(number)}
     spec = PointSpec(
-        sweep_id=plan.study, point=name, parent_run_id=parent_id, experiment_id=experiment_id,
+        sweep_id=plan.study, point=point, parent_run_id=parent_id, experiment_id=experiment_id,
         tracking_uri=plan.tracking_uri,
         parameters={"env": base.env.name, "num_envs": num_envs, "n_steps": n_steps,
-                    "total_timesteps": base.total_timesteps, "seed": base.seed,
+                    "total_timesteps": base.total_timesteps, "seed": seed,
                     "overrides": overrides, "sweep_id": plan.study, "parent_run_id": parent_id,
-                    "point": name, "study": plan.study, "trial": number},
+                    "point": point, "study": "" if recheck else plan.study, "trial": number},
         tags={"env": base.env.name, "num_envs": str(num_envs), "n_steps": str(n_steps),
-              "seed": str(base.seed), "tune.study": plan.study, "tune.trial": str(number),
-              "tune.role": "trial"},
+              "seed": str(seed), "tune.study": plan.study, **role},
         env_vars={"MLFLOW_TRACKING_URI": plan.tracking_uri, "WORKBENCH_CPU_BUDGET": budget,
                   "OMP_NUM_THREADS": budget, "MKL_NUM_THREADS": budget,
-                  "WORKBENCH_NOTEBOOK": str(plan.out_dir / f"{name}.ipynb"),
+                  "WORKBENCH_NOTEBOOK": str(plan.out_dir / f"{point}.ipynb"),
                   STORAGE_ENV: plan.storage},
         timeout=plan.settings.timeout,
     )
@@ -398,7 +480,8 @@ def settle_trial(plan: TunePlan, study: Any, storage: Any, client: MlflowClient,
 
     number = ticket.trial.number
     record = TrialRecord(number, FAIL, ticket.values, run_id=outcome.run_id,
-                         run_status=outcome.status, wall_s=outcome.wall_s, error=outcome.error)
+                         run_status=outcome.status, error=outcome.error,
+                         wall_s=ticket.wall_s if ticket.seeds else outcome.wall_s)
     frozen = storage.get_trial(ticket.trial_id)
     if frozen.state.is_finished():  # failed as stale by another worker meanwhile
         record.error = record.error or f"the study already recorded it {frozen.state.name}"
@@ -412,7 +495,8 @@ def settle_trial(plan: TunePlan, study: Any, storage: Any, client: MlflowClient,
             record.state, record.pruned_at = PRUNED, pruned
             record.value = pruned.get("value")
         else:
-            record.value = score_run(plan, client, outcome.run_id)
+            record.value = (aggregate_seeds(ticket.scores, str(plan.settings.aggregate))
+                            if ticket.seeds else score_run(plan, client, outcome.run_id))
             if math.isfinite(record.value):
                 study.tell(number, record.value)
                 record.state = COMPLETE
@@ -426,8 +510,9 @@ def settle_trial(plan: TunePlan, study: Any, storage: Any, client: MlflowClient,
             storage.set_trial_user_attr(ticket.trial_id, COUNTED,
                                         truncate(record.error or "failed", 500))
         study.tell(number, state=TrialState.FAIL)
-    if outcome.run_id:
-        tag_run(client, outcome.run_id, record, plan)
+    for run_id in dict.fromkeys([*ticket.run_ids, outcome.run_id]):
+        if run_id:
+            tag_run(client, run_id, record, plan)
     return record
 
 
@@ -455,22 +540,36 @@ def tag_run(client: MlflowClient, run_id: str, record: TrialRecord, plan: TunePl
             client.log_metric(run_id, "tune/objective", float(record.value))
         if record.pruned_at is not None:
             at = record.pruned_at
-            client.set_tag(run_id, "tune.pruned_at", f"report {at.get('report')} "
-                           f"({at.get('train_s')} s, {at.get('steps')} steps)")
+            seeds = "seed" in at  # a study over seeds prunes between seeds
+            client.set_tag(run_id, "tune.pruned_at", f"seed {at['seed']}" if seeds else
+                           f"report {at.get('report')} ({at.get('train_s')} s, "
+                           f"{at.get('steps')} steps)")
+            stopped = ("the trial's other seeds were not trained" if seeds else
+                       "training stopped early")
             note = client.get_run(run_id).data.tags.get("mlflow.note.content", "")
             client.set_tag(run_id, "mlflow.note.content", truncate(
                 f"{note} PRUNED by the {plan.settings.pruner} pruner at report "
-                f"{at.get('report')} (value {at.get('value'):.4g}): training stopped early, "
+                f"{at.get('report')} (value {at.get('value'):.4g}): {stopped}, "
                 "the run itself finished normally.", MAX_TAG_VALUE_LENGTH))
 
 
 # --------------------------------------------------------------------------- the end
 
 
-def best_trial(study: Any) -> dict[str, Any] | None:
-    """The study's best COMPLETE trial (of every worker), as plain values."""
+def all_in(plan: TunePlan, study: Any) -> bool:
+    """Every trial of the study's total settled, none running (another worker's included)."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    return (sum(counts(t) for t in trials) >= plan.n_trials
+            and not any(t.state == TrialState.RUNNING for t in trials))
+
+
+def best_trial(study: Any, number: int | None = None) -> dict[str, Any] | None:
+    """The study's best COMPLETE trial (of every worker), or trial ``number``, as plain
+    values."""
     try:
-        best = study.best_trial
+        best = study.best_trial if number is None else study.trials[number]
     except ValueError:  # no completed trial yet
         return None
     return {"number": best.number, "value": best.value, "params": dict(best.params),
@@ -478,12 +577,15 @@ def best_trial(study: Any) -> dict[str, Any] | None:
             "adjusted": best.user_attrs.get("workbench.adjusted", {})}
 
 
-def write_best(plan: TunePlan, best: dict[str, Any]) -> Path:
-    """``experiment=tuned/<study>`` from the best trial's values."""
+def write_best(plan: TunePlan, best: dict[str, Any], recheck: Recheck | None = None) -> Path:
+    """``experiment=tuned/<study>`` from the best trial's values (in a study over seeds, the
+    best of the check on fresh seeds, with its verdict)."""
     values = {**best["params"], **best["adjusted"]}
     cfg = trial_config(plan, values)
     text = best_config_text(plan.study, plan.objective, best["number"], best["value"],
-                            best["run_id"], cfg, best["params"])
+                            best["run_id"], cfg, best["params"],
+                            verdict=recheck.verdict if recheck else None,
+                            seeds=seed_range(plan.seeds) if plan.seeds else None)
     return write_best_config(plan.study, text)
 
 
@@ -565,6 +667,9 @@ def print_plan(plan: TunePlan, backend: TrialBackend, parent_id: str, done: int)
         "search": f"{plan.space.name}: {plan.space.describe()}",
         "trials": f"{plan.n_trials} in total, {done} done earlier, "
                   f"{max(0, plan.n_trials - done)} to run",
+        "seeds": (f"each trial on seeds {seed_range(plan.seeds)} ({t.aggregate}); the best "
+                  f"{t.recheck_top} then against the defaults on seeds "
+                  f"{seed_range(plan.recheck_seeds)}" if plan.seeds else f"seed {plan.base.seed}"),
         "sampler": f"{t.sampler}" + (f" (seed {t.seed})" if t.seed is not None else ""),
         "pruner": f"{t.pruner}" + (f" (after {t.startup_trials} trials, warm-up "
                                    f"{t.warmup_steps} reports)" if str(t.pruner) == "median"
@@ -618,10 +723,14 @@ def print_results(result: TuneResult, plan: TunePlan) -> None:
         print(f"best trial {b['number']}: {b['value']:.4g} {UNITS[plan.objective.name]} "
               f"(run {b['run_id']}) " + ", ".join(f"{k}={format_value(v)}"
                                                    for k, v in b["params"].items()))
+    if result.recheck:
+        print(f"re-check           : trial {result.recheck.trial} is "
+              f"{result.recheck.verdict}")
     if result.best_config:
         print(f"best config        : {result.best_config}  ->  workbench train "
               f"experiment=tuned/{result.study}")
-    print(f"executed notebooks : {plan.out_dir}/trial-<n>.ipynb")
+    names = "trial-<n>-seed<s>.ipynb, recheck-*.ipynb" if plan.seeds else "trial-<n>.ipynb"
+    print(f"executed notebooks : {plan.out_dir}/{names}")
     print(f"report             : workbench report --study {result.study}")
     print(f"dashboard          : optuna-dashboard {redact_uri(plan.storage)}")
     print(f"MLflow             : parent run {result.parent_run_id} in experiment "

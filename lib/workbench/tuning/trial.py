@@ -22,6 +22,9 @@ from workbench.tuning.storage import PRUNED_AT, open_storage, quiet_optuna
 
 STORAGE_ENV = "WORKBENCH_TUNE_STORAGE"
 OBJECTIVE_ATTR = "workbench.objective"  # study user attr: Objective.as_dict()
+# study user attr: tune.seeds; a study over seeds is pruned by its driver between seeds, so
+# its trials' kernels train without reporting
+SEEDS_ATTR = "workbench.seeds"
 
 
 @dataclass
@@ -80,8 +83,10 @@ def open_trial(study_name: str, number: int) -> TrialSession:
                               pruner=build_pruner(attrs.get(PRUNER_ATTR, {"name": "none"})))
     trial = optuna.trial.Trial(study, trial_id)
     frozen = storage.get_trial(trial_id)
-    return TrialSession(tags=trial_tags(study_name, number, frozen.params, objective),
-                        callbacks=[TrialCallback(OptunaReporter(trial, objective))])
+    tags = trial_tags(study_name, number, frozen.params, objective)
+    if attrs.get(SEEDS_ATTR):
+        return TrialSession(tags=tags)
+    return TrialSession(tags=tags, callbacks=[TrialCallback(OptunaReporter(trial, objective))])
 
 
 def trial_tags(study: str, number: int, values: dict[str, Any], objective: Objective
