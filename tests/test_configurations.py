@@ -276,6 +276,37 @@ def test_report_compares_configurations_per_task_and_across_tasks(
     assert "| 1 | lr=3e-4 env=walker2d | 3 |" in text
 
 
+def test_the_report_carries_workbench_compare_as_a_section(
+        grid_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", grid_store)
+    a, b = "lr0.0001-hopper", "lr0.0003-hopper"
+    assert main(["compare", "--sweep", "g", a, b]) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said[-1] == "B is better than A: PoI 1.00 [1.00, 1.00] over 3 vs 3 seeds"
+    assert main(["report", "--sweep", "g", "--compare", a, b, "--out", str(tmp_path),
+                 "--name", "r"]) == 0
+    capsys.readouterr()
+    text = (tmp_path / "r" / "report.md").read_text().replace("\\", "")
+    section = text[text.index(f"## Compare A vs B: {said[-1]}"):]
+    assert f"A = point g/{a} (3 seeds); B = point g/{b} (3 seeds)." in section
+    assert "What changed: algo.learning_rate 0.0001 → 0.0003" in section
+    row = f"| final evaluation return | {iqm(FINAL[('0.0001', 'hopper')]):.1f} ["
+    assert row in section, section[:3000]
+    assert "Compare A vs B" in (tmp_path / "r" / "index.html").read_text()
+
+    # Two tasks are compared, and said to be; the same side twice is one line, exit 2.
+    assert main(["report", "--sweep", "g", "--compare", a, "lr0.0001-walker2d", "--out",
+                 str(tmp_path), "--name", "tasks"]) == 0
+    capsys.readouterr()
+    assert "Different tasks (hopper vs walker2d): returns compared as they are" in \
+        (tmp_path / "tasks" / "report.md").read_text().replace("\\", "")
+    assert main(["report", "--sweep", "g", "--compare", a, a]) == 2
+    assert capsys.readouterr().err == (
+        f"workbench: error: report --compare {a} {a}: A and B are the same point g/{a}; "
+        "compare two different runs, configs or sweep points\n")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--baseline", "lr=1e-2"], "--baseline lr=1e-2: no configuration of the selection has "
      "this label or config id; configurations: lr=1e-4, lr=3e-4"),

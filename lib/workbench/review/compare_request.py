@@ -103,9 +103,18 @@ def check_arguments(args: argparse.Namespace) -> tuple[Ref, Ref, WorkbenchConfig
     if args.sweep is not None and not args.sweep.strip():
         raise ConfigError("compare --sweep: empty; give a sweep id (workbench report names "
                           "the latest)")
-    a = parse_ref("compare A", args.a, args.sweep)
-    b = parse_ref("compare B", args.b, args.sweep)
-    if (a.kind, a.value, a.sweep) == (b.kind, b.value, b.sweep):
-        raise ConfigError(f"compare {args.a} {args.b}: A and B are the same {a.describe()}; "
-                          "compare two different runs, configs or sweep points")
+    a, b = parse_sides("compare", args.a, args.b, args.sweep)
     return a, b, load_config(args.overrides)
+
+
+def parse_sides(command: str, a_text: str, b_text: str, sweep: str | None
+                ) -> tuple[Ref, Ref]:
+    """A and B of ``command`` (``compare``, ``report --compare``) as :class:`Ref`; the same
+    text on both sides is one selection compared with itself: :class:`ConfigError`."""
+    a = parse_ref(f"{command} A", a_text, sweep)
+    b = parse_ref(f"{command} B", b_text, sweep)
+    if (a.kind, a.value, a.sweep) == (b.kind, b.value, b.sweep):
+        raise ConfigError(f"{command} {a_text} {b_text}: A and B are the same "
+                          f"{a.describe()}; compare two different runs, configs or sweep "
+                          "points")
+    return a, b

@@ -25,8 +25,7 @@ from workbench.config import CONFIG_ID_TAG, ConfigError, load_config
 from workbench.console import printable_lines
 from workbench.review import verdict
 from workbench.review.compare_request import SYNTAX, Ref, check_arguments, parse_ref
-from workbench.review.records import RunRecord, load_run, runs_text
-from workbench.review.report import open_store
+from workbench.review.records import RunRecord, Section, load_run, open_store, runs_text
 from workbench.review.selection import (
     SWEEP_ID,
     SWEEP_POINT,
@@ -40,6 +39,7 @@ from workbench.review.selection import (
 from workbench.review.statistics import Interval, PointTarget, point_target
 from workbench.tracking.manifest_diff import (
     Difference,
+    diff_cell,
     diff_manifests,
     diff_to_json,
     render_diff_text,
@@ -250,8 +250,20 @@ def render_text(comparison: Comparison) -> str:
     if comparison.tasks[0] != comparison.tasks[1]:
         lines.append(f"different tasks ({comparison.tasks[0]} vs {comparison.tasks[1]}): "
                      "returns compared as they are, not normalized")
+    lines += ["", f"Whether it mattered ({MEASURES})", *columns(measure_rows(comparison)),
+              "", comparison.verdict]
+    return "\n".join(lines) + "\n"
+
+
+MEASURES = ("per side: IQM [95 % interval] over seeds; P(B > A): the probability of "
+            "improvement with its interval")
+
+
+def measure_rows(comparison: Comparison) -> list[list[str]]:
+    """Whether it mattered: a header, then a row per measure (the final return first)."""
     final = comparison.measures[0]
     rows = [["measure", f"A ({seeds(len(final.a))})", f"B ({seeds(len(final.b))})", "P(B > A)"]]
+
     def scored(interval: Interval | None, n: int, of: int) -> str:  # fewer seeds: say so
         return verdict.interval_text(interval) + (f" ({seeds(n)})" if n != of else "")
 
@@ -263,10 +275,29 @@ def render_text(comparison: Comparison) -> str:
     if comparison.targets is not None:
         ta, tb = comparison.targets
         rows.append([f"time to {ta.target:g}", ta.text(), tb.text(), "-"])
-    lines += ["", "Whether it mattered (per side: IQM [95 % interval] over seeds; P(B > A): "
-              "the probability of improvement with its interval)", *columns(rows),
-              "", comparison.verdict]
-    return "\n".join(lines) + "\n"
+    return rows
+
+
+def comparison_section(comparison: Comparison, shown: int = 8) -> Section:
+    """The comparison as a report section (``workbench report --compare A B``): the verdict
+    and what changed (the first ``shown`` differences) in its text, whether it mattered in
+    its table."""
+    changed = comparison.config + (comparison.environment or [])
+    listed = "; ".join(f"{d.key} {diff_cell(d.a)} → {diff_cell(d.b)}" for d in changed[:shown])
+    more = f" and {len(changed) - shown} more" if len(changed) > shown else ""
+    what = (f"What changed: {listed}{more}." if changed else
+            "What changed: nothing in the config (seeds left out) or the manifests.")
+    if comparison.environment is None:
+        what += " Environments not compared: a side has no manifest."
+    if comparison.tasks[0] != comparison.tasks[1]:
+        what += (f" Different tasks ({comparison.tasks[0]} vs {comparison.tasks[1]}): returns "
+                 "compared as they are, not normalized.")
+    header, *rows = measure_rows(comparison)
+    return Section(
+        title=f"Compare A vs B: {comparison.verdict}",
+        text=f"A = {comparison.a.label}; B = {comparison.b.label}. {what} Whether it "
+             f"mattered: {MEASURES}.",
+        headers=tuple(header), rows=tuple(tuple(row) for row in rows))
 
 
 def seeds(n: int) -> str:

@@ -16,6 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from workbench.config import ConfigError, WorkbenchConfig, load_config
+from workbench.review.compare_request import Ref, parse_sides
 from workbench.review.diagnostics import Thresholds
 from workbench.tracking.redaction import redact_uri
 
@@ -69,6 +70,10 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the configuration the others are compared with (probability of "
                         "improvement): its label as the report shows it, e.g. lr=1e-4, or its "
                         "workbench.config_id; default: the first configuration in grid order")
+    across.add_argument("--compare", nargs=2, default=None, metavar=("A", "B"),
+                        help="add workbench compare's section for A and B (runs, config ids "
+                        "or sweep points, e.g. <sweep_id>/<point>; a point's name alone "
+                        "within --sweep): what changed and whether it mattered")
     parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
                         help="Hydra overrides locating the store, e.g. tracking.uri=...")
 
@@ -133,7 +138,16 @@ def check_arguments(args: argparse.Namespace) -> WorkbenchConfig:
     the overrides (composed and checked by the config layer); returns the config."""
     thresholds_from_args(args)
     check_name(args.name)
+    compared_sides(args)
     return load_config(args.overrides)
+
+
+def compared_sides(args: argparse.Namespace) -> tuple[Ref, Ref] | None:
+    """``--compare A B`` as :class:`Ref` (checked), or None."""
+    if not args.compare:
+        return None
+    a, b = args.compare
+    return parse_sides("report --compare", a, b, args.sweep)
 
 
 def thresholds_from_args(args: argparse.Namespace) -> Thresholds:

@@ -32,7 +32,7 @@ from workbench.review.videos import PointVideo, point_videos
 from workbench.tracking.manifest import MANIFEST_FILE, headline_tags
 from workbench.tracking.manifest_diff import comparable
 from workbench.tracking.redaction import redact_uri
-from workbench.tracking.store import ui_link
+from workbench.tracking.store import check_store, is_embedded, ui_link
 
 if TYPE_CHECKING:  # mlflow and matplotlib load on use: `workbench --help` stays fast
     from mlflow.entities import Run
@@ -692,3 +692,18 @@ def time_split(point: Point) -> figures.TimeSplit:
 def finite_mean(values: Iterable[float]) -> float:
     found = [v for v in values if math.isfinite(v)]
     return float(np.mean(found)) if found else math.nan
+
+
+def open_store(uri: str) -> MlflowClient:
+    """A client for an existing store; a missing embedded store or a server that does not
+    answer is bad input (nothing created)."""
+    from mlflow.tracking import MlflowClient
+
+    if is_embedded(uri):
+        db = Path(uri.removeprefix("sqlite:///"))
+        if not db.is_file():
+            raise ConfigError(f"tracking store {redact_uri(uri)}: no such database; train or "
+                              "sweep first, or set MLFLOW_TRACKING_URI / tracking.uri to the "
+                              "team's store")
+    check_store(uri)
+    return MlflowClient(tracking_uri=uri)

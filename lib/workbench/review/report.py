@@ -17,24 +17,26 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from workbench import paths
-from workbench.config import ConfigError, load_config
-from workbench.review.diagnostics import Thresholds
-from workbench.tracking.redaction import redact_uri
-from workbench.tracking.store import check_store, is_embedded, resolve_tracking_uri
-
-if TYPE_CHECKING:  # mlflow and matplotlib load on use: `workbench --help` stays fast
-    from mlflow.tracking import MlflowClient
+from workbench.config import load_config
 from workbench.console import printable
-from workbench.review.options import DEFAULT_UI_URL, check_name, thresholds_from_args
-from workbench.review.records import Report, build_report
+from workbench.review.compare_request import Ref
+from workbench.review.comparison import compare, comparison_section
+from workbench.review.diagnostics import Thresholds
+from workbench.review.options import (
+    DEFAULT_UI_URL,
+    check_name,
+    compared_sides,
+    thresholds_from_args,
+)
+from workbench.review.records import Report, build_report, open_store
 from workbench.review.render import write_report
 from workbench.review.selection import Selection
 from workbench.review.study import load_study, run_url, study_section
 from workbench.review.tradeoff import TradeoffOptions
+from workbench.tracking.store import resolve_tracking_uri
 from workbench.tuning.storage import storage_url
 
 
@@ -56,7 +58,7 @@ def run_command(args: argparse.Namespace) -> int:
     check_name(args.name)
     report = open_report(selection, overrides=args.overrides, thresholds=thresholds,
                          ui_url=args.ui_url, name=args.name, study=args.study,
-                         options=options_from_args(args))
+                         options=options_from_args(args), compared=compared_sides(args))
     fired = sum(len(d) for d in report.diagnostics.values())
     print(f"report: {len(report.runs)} run(s), {len(report.points)} point(s), {fired} "
           f"diagnostic(s) fired ({printable(str(report.selection))})", file=sys.stderr)
@@ -74,6 +76,7 @@ def open_report(
     name: str | None = None,
     study: str | None = None,
     options: TradeoffOptions | None = None,
+    compared: tuple[Ref, Ref] | None = None,
 ) -> Report:
     """Build a report against the configured store (the CLI's and the notebook's entry).
 
@@ -81,36 +84,27 @@ def open_report(
     ``tune.storage=...`` for a study); ``MLFLOW_TRACKING_URI`` wins as everywhere.
     ``thresholds`` may be a plain dict. ``study`` reports a tuning study: its trials' runs
     plus its section (:mod:`workbench.review.study`). ``options`` set the target returns and
-    the scaling ladder's knee.
+    the scaling ladder's knee. ``compared`` adds ``workbench compare``'s section for its two
+    sides (:mod:`workbench.review.comparison`).
     """
     if thresholds is None or isinstance(thresholds, Mapping):
         thresholds = Thresholds.from_mapping(thresholds or {})
     cfg = load_config(overrides)
     uri = resolve_tracking_uri(cfg.tracking.uri)
     if study is None:
-        return build_report(open_store(uri), selection, store=uri, thresholds=thresholds,
-                            ui_url=ui_url, name=name, options=options)
-    optuna_study = load_study(study, storage_url(cfg.tune.storage, uri))
-    client = open_store(uri)
-    report = build_report(client, Selection(sweep_id=study, tags=selection.tags), store=uri,
-                          thresholds=thresholds, ui_url=ui_url, name=name or f"study-{study}",
-                          options=options)
-    urls = {r.run_id: run_url(ui_url, r.experiment_id, r.run_id) for r in report.runs}
-    report.sections.append(study_section(optuna_study, urls))
-    report.title = f"Report: study {study}"
+        client = open_store(uri)
+        report = build_report(client, selection, store=uri, thresholds=thresholds,
+                              ui_url=ui_url, name=name, options=options)
+    else:
+        optuna_study = load_study(study, storage_url(cfg.tune.storage, uri))
+        client = open_store(uri)
+        report = build_report(client, Selection(sweep_id=study, tags=selection.tags),
+                              store=uri, thresholds=thresholds, ui_url=ui_url,
+                              name=name or f"study-{study}", options=options)
+        urls = {r.run_id: run_url(ui_url, r.experiment_id, r.run_id) for r in report.runs}
+        report.sections.append(study_section(optuna_study, urls))
+        report.title = f"Report: study {study}"
+    if compared is not None:
+        report.sections.append(comparison_section(compare(client, *compared, store=uri,
+                                                          allow_tasks=True)))
     return report
-
-
-def open_store(uri: str) -> MlflowClient:
-    """A client for an existing store; a missing embedded store or a server that does not
-    answer is bad input (nothing created)."""
-    from mlflow.tracking import MlflowClient
-
-    if is_embedded(uri):
-        db = Path(uri.removeprefix("sqlite:///"))
-        if not db.is_file():
-            raise ConfigError(f"tracking store {redact_uri(uri)}: no such database; train or "
-                              "sweep first, or set MLFLOW_TRACKING_URI / tracking.uri to the "
-                              "team's store")
-    check_store(uri)
-    return MlflowClient(tracking_uri=uri)

@@ -262,7 +262,8 @@ def _source_from_run(run_id: str, uri: str) -> ManifestSource:
     return ManifestSource(label, manifest, dict(run.data.params))
 
 
-def _cell(value: Any) -> str:
+def diff_cell(value: Any) -> str:
+    """A fact as one table cell: missing as "-", None as "null", pipes escaped."""
     if value is MISSING:
         return "-"
     if value is None:
@@ -273,7 +274,7 @@ def _cell(value: Any) -> str:
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    lines += ["| " + " | ".join(diff_cell(v) for v in row) + " |" for row in rows]
     return lines
 
 
@@ -310,7 +311,7 @@ def render_diff_text(diffs: Sequence[Difference], a: str, b: str) -> str:
         return "\n".join([*head, "identical: no differences in packages, OS, hardware, CUDA, "
                           "git or config"]) + "\n"
     rows = [("section", "key", "A", "B")] + [
-        (d.section, d.key, _cell(d.a), _cell(d.b)) for d in diffs
+        (d.section, d.key, diff_cell(d.a), diff_cell(d.b)) for d in diffs
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     body = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]
@@ -323,7 +324,7 @@ def render_diff_text(diffs: Sequence[Difference], a: str, b: str) -> str:
 
 def render_diff_markdown(diffs: Sequence[Difference], a: str, b: str) -> str:
     """The differences as a Markdown table (for reports)."""
-    lines = [f"A: {_cell(a)}  ", f"B: {_cell(b)}", ""]
+    lines = [f"A: {diff_cell(a)}  ", f"B: {diff_cell(b)}", ""]
     if not diffs:
         return "\n".join([*lines, "identical"]) + "\n"
     rows = [(d.section, d.key, d.a, d.b) for d in diffs]
