@@ -30,11 +30,13 @@ BAD_INPUT = [
     (["tune", "tune.objectiv=final_return"], "tune.objectiv"),
     (["tune", "algo.gamma=1.5"], "algo.gamma"),
     (["tune", "--n-trials", "0"], "--n-trials"),
+    (["tune", "tune.seeds=[0,1]", "tune.recheck_seeds=[1,2]"], "tune.recheck_seeds"),
     (["export", "--run", "0123456789abcdef", "--obsrvations", "8"], "--obsrvations"),
     (["export", "--run", "0123456789abcdef", "--observations", "0"], "observations=0"),
     (["report", "--sweeep", "demo"], "--sweeep"),
     (["report", "--approx-kl-max", "-1"], "approx_kl_max=-1.0"),
     (["report", "tracking.urri=sqlite:///nowhere.db"], "tracking.urri"),
+    (["report", "--compare", "0f3a9c", "0f3a9c"], "A and B are the same"),
     (["compare", "0f3a9c", "0f3a9c"], "A and B are the same"),  # before any store is read
     (["compare", "tiny-grid/", "0f3a9c"], "SWEEP_ID/POINT"),
 ]

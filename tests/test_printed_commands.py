@@ -204,9 +204,9 @@ def test_study_end_and_best_preset_commands(
 
     result = SimpleNamespace(
         study=STUDY, status="FINISHED", wall_s=600.0, records=[], trials_in_study=6,
-        best=None, best_config=str(path), parent_run_id=RUN_ID,
+        best=None, best_config=str(path), parent_run_id=RUN_ID, recheck=None,
     )
-    plan = SimpleNamespace(out_dir=tmp_path / "trials", objective=objective,
+    plan = SimpleNamespace(out_dir=tmp_path / "trials", objective=objective, seeds=(),
                            storage="sqlite:///optuna.db", experiment="workbench",
                            tracking_uri="sqlite:///mlflow.db")
     study.print_results(result, plan)
