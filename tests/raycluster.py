@@ -50,10 +50,14 @@ RECONNECT_15S = {"RAY_gcs_rpc_server_reconnect_timeout_s": "15"}
 # been marked as dead by the GCS"). A killed node still fails its checks at once (its port is
 # closed), so the tests that kill one see it dead as soon as before.
 PATIENT_HEALTH_CHECK = {"RAY_health_check_timeout_ms": "60000"}
-# A node's processes run at a higher priority than the test workers around them (niceness -5,
-# where the user may raise priority: root on CI), so a busy machine does not starve the head's
-# GCS while a raylet registers: ``ray start`` gives that a fixed 30 s.
-NODE_NICENESS = -5
+# A node's processes run at a higher priority than the test workers around them (niceness -15,
+# where the user may raise priority: root on CI), so a busy machine does not starve them while
+# they start: ``ray start`` gives a raylet a fixed 30 s to register with the head, and a raylet
+# exits when its dashboard agent (a Python process importing much) is slow to report its port.
+NODE_NICENESS = -15
+# Attempts to start a node, each after a longer pause: a busy stretch of the test run (every
+# worker starting heavy tests at once) passes within minutes.
+START_ATTEMPTS = 6
 
 
 def free_port() -> int:
@@ -198,17 +202,18 @@ class RayCluster:
                        env={**self.base_env, **extra_env})
 
     def start_node(self, name: str, cpus: int, extra_env: Mapping[str, str]) -> RayNode:
-        """Start a node, up to 3 attempts: on a loaded machine a node can fail to start
-        (``ray start`` waits a fixed 30 s for its raylet to register with the head)."""
+        """Start a node, up to START_ATTEMPTS attempts: on a loaded machine a node can fail
+        to start (see NODE_NICENESS)."""
         why = []
-        for attempt in range(3):
-            time.sleep(10 * attempt)  # a load spike passes
+        for attempt in range(START_ATTEMPTS):
+            time.sleep(15 * attempt)  # a busy stretch passes
             node = self.nodes[name] = self.new_node(name, cpus, extra_env)
             if node.wait_started():
                 return node
             node.stop()
             why.append(f"attempt {attempt + 1}: {node.failure()}")
-        raise RuntimeError(f"Ray node {name} did not start in 3 attempts:\n" + "\n".join(why))
+        raise RuntimeError(f"Ray node {name} did not start in {START_ATTEMPTS} attempts:\n"
+                           + "\n".join(why))
 
     @property
     def address(self) -> str:
