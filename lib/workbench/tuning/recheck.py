@@ -140,7 +140,7 @@ def run_recheck(plan: TunePlan, study: Any, backend: TrialBackend, client: Mlflo
     scores: dict[str, list[float]] = {name: [] for name in values}
     failed = []
     for spec, outcome in zip(points, outcomes, strict=True):
-        finished = outcome.status in (FINISHED, SKIPPED) and outcome.run_id
+        finished = outcome.status in (FINISHED, SKIPPED)
         value = score(outcome.run_id) if finished and outcome.run_id else math.nan
         if outcome.run_id:
             tag_run(client, outcome.run_id, spec.tags, value)

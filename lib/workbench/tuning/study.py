@@ -198,8 +198,8 @@ def study_trials(plan: TunePlan, backend: TrialBackend, study: Any, storage: Any
         recheck = run_recheck(
             plan, study, backend, client, score=lambda run_id: score_run(plan, client, run_id),
             judge=judge, specs=lambda name, values, seed: trial_spec(
-                plan, name, values, parent_id, experiment_id, backend.cpus_per_trial, seed,
-                recheck=True)[0])
+                plan, -1, values, parent_id, experiment_id, backend.cpus_per_trial, seed,
+                candidate=name)[0])
         if recheck is not None:
             best = best_trial(study, recheck.trial)
             tag_study(client, parent_id, recheck)
@@ -391,8 +391,8 @@ def claim_trial(plan: TunePlan, study: Any, storage: Any, parent_id: str, experi
     trial_id = storage.get_trial_id_from_study_id_trial_number(
         storage.get_study_id_from_name(plan.study), trial.number)
     seed = plan.seeds[0] if plan.seeds else None
-    spec, adjusted = trial_spec(plan, trial_name(trial.number), values, parent_id,
-                                experiment_id, cpus, seed)
+    spec, adjusted = trial_spec(plan, trial.number, values, parent_id, experiment_id, cpus,
+                                seed)
     if adjusted:
         trial.set_user_attr("workbench.adjusted", adjusted)
     return Ticket(trial, trial_id, values, spec, adjusted, seeds=plan.seeds)
@@ -425,16 +425,16 @@ def next_seed(plan: TunePlan, client: MlflowClient, ticket: Ticket, outcome: Poi
         return None
     if len(ticket.scores) == len(ticket.seeds):
         return None
-    return trial_spec(plan, trial_name(ticket.trial.number), ticket.values, parent_id,
-                      experiment_id, cpus, ticket.seeds[len(ticket.scores)])[0]
+    return trial_spec(plan, ticket.trial.number, ticket.values, parent_id, experiment_id, cpus,
+                      ticket.seeds[len(ticket.scores)])[0]
 
 
-def trial_spec(plan: TunePlan, name: str, values: dict[str, Any], parent_id: str,
-               experiment_id: str, cpus: int, seed: int | None = None, recheck: bool = False
-               ) -> tuple[PointSpec, dict[str, Any]]:
-    """A trial as a sweep point (one of its seeds in a study over seeds): notebook
-    parameters, kernel environment, tags; with ``recheck``, a point of the check against the
-    defaults (``name``: ``defaults`` or the trial's), which no Optuna trial follows.
+def trial_spec(plan: TunePlan, number: int, values: dict[str, Any], parent_id: str,
+               experiment_id: str, cpus: int, seed: int | None = None,
+               candidate: str | None = None) -> tuple[PointSpec, dict[str, Any]]:
+    """Trial ``number`` as a sweep point (one of its seeds in a study over seeds): notebook
+    parameters, kernel environment, tags; with ``candidate`` (``defaults`` or ``trial-003``),
+    a point of the check against the defaults, which no Optuna trial follows.
 
     A sampled ``batch_size`` larger than the trial's rollout is lowered to the rollout (as
     rl-baselines3-zoo does), and the adjustment recorded in the trial.
@@ -447,13 +447,13 @@ def trial_spec(plan: TunePlan, name: str, values: dict[str, Any], parent_id: str
         adjusted["batch_size"] = num_envs * n_steps
     effective = {k: v for k, v in {**values, **adjusted}.items()
                  if k not in ("num_envs", "n_steps")}
-    point = (f"recheck-{name}" if recheck else name) + ("" if seed is None else f"-seed{seed}")
+    name = f"recheck-{candidate}" if candidate else trial_name(number)
+    point = name + ("" if seed is None else f"-seed{seed}")
     seed = base.seed if seed is None else seed
     sampled = plan.space.overrides(effective)
     overrides = [*plan.point_overrides, *sampled, f"tracking.run_name={hydra_value(point)}"]
     budget = str(cpus)
-    number = -1 if recheck else int(name.removeprefix("trial-"))
-    role = {"tune.role": "recheck", CANDIDATE_TAG: name} if recheck else {
+    role = {"tune.role": "recheck", CANDIDATE_TAG: candidate} if candidate else {
         "tune.role": "trial", "tune.trial": str(number)}
     spec = PointSpec(
         sweep_id=plan.study, point=point, parent_run_id=parent_id, experiment_id=experiment_id,
@@ -461,7 +461,7 @@ def trial_spec(plan: TunePlan, name: str, values: dict[str, Any], parent_id: str
         parameters={"env": base.env.name, "num_envs": num_envs, "n_steps": n_steps,
                     "total_timesteps": base.total_timesteps, "seed": seed,
                     "overrides": overrides, "sweep_id": plan.study, "parent_run_id": parent_id,
-                    "point": point, "study": "" if recheck else plan.study, "trial": number},
+                    "point": point, "study": "" if candidate else plan.study, "trial": number},
         tags={"env": base.env.name, "num_envs": str(num_envs), "n_steps": str(n_steps),
               "seed": str(seed), "tune.study": plan.study, **role},
         env_vars={"MLFLOW_TRACKING_URI": plan.tracking_uri, "WORKBENCH_CPU_BUDGET": budget,
