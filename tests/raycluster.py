@@ -145,8 +145,11 @@ class RayNode:
         raylet = sorted(self.temp_dir.glob("session_*/logs/raylet.out"))
         fatal = [line for line in (raylet[-1].read_text().splitlines() if raylet else [])
                  if any(word in line for word in ("FATAL", "Check failed", "Exiting", "[E "))]
+        agent = sorted(self.temp_dir.glob("session_*/logs/dashboard_agent.*"))
+        agent_tail = "\n".join(f"{path.name}: {path.read_text()[-1500:]}" for path in agent)
         return ("ray start: " + self.log_path.read_text()[-1200:] + "\nraylet: "
-                + ("\n".join(fatal[-5:]) if fatal else "(no fatal line)"))
+                + ("\n".join(fatal[-5:]) if fatal else "(no fatal line)")
+                + "\ndashboard agent: " + (agent_tail or "(no log)"))
 
     @property
     def alive(self) -> bool:
@@ -304,10 +307,10 @@ def clusters() -> Iterator[Callable[..., RayCluster]]:
 
 class SharedCluster:
     """One cluster for the tests of a module, which may break it: each test asks for it with
-    :meth:`get`, which first starts again a worker node an earlier test killed, or, when an
-    earlier test killed the head, a whole new cluster (a fresh start of every process costs
-    a minute on a loaded 2-core machine). Every cluster started is stopped, and checked to
-    leave no process, at the end (:meth:`close`)."""
+    :meth:`get`, which starts a whole new cluster when an earlier test killed the head or a
+    worker node (a fresh start of every process costs a minute on a loaded 2-core machine).
+    Every cluster started is stopped, and checked to leave no process, at the end
+    (:meth:`close`)."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = env
@@ -315,18 +318,20 @@ class SharedCluster:
 
     def get(self, workers: Mapping[str, int] | None = None) -> RayCluster:
         """A live cluster with at least the given workers (``a`` and ``b`` of 2 CPUs each by
-        default): the current one, its killed workers started again, or a new one."""
+        default): the current one when all of them are alive, else a new one."""
         workers = {"a": 2, "b": 2} if workers is None else workers
         current = self.started[-1] if self.started else None
-        if current is None or not current.head.alive:
-            if current is not None:
-                current.stop()
-            self.started.append(RayCluster(workers, env=self.env))
-            return self.started[-1]
-        for name, cpus in workers.items():
-            if name not in current.nodes or not current.nodes[name].alive:
-                current.start_node(name, cpus, {})
-        return current
+        if current is not None and current.head.alive and all(
+                name in current.nodes and current.nodes[name].alive for name in workers):
+            return current
+        # A whole new cluster, also when only a worker died: a worker started again into a
+        # head that saw it killed can fail every start for many minutes on a loaded machine
+        # (its raylet times out waiting for its dashboard agent's port file), while a fresh
+        # cluster starts.
+        if current is not None:
+            current.stop()
+        self.started.append(RayCluster(workers, env=self.env))
+        return self.started[-1]
 
     def close(self) -> list[str]:
         """Stop and remove every cluster started; returns the processes left (none expected)."""

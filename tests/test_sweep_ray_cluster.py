@@ -7,7 +7,7 @@ own ``ray start --block`` process with its own temp dir, ports, custom resource 
 environment; a test tells where a point ran from the node id the point's run records
 (``ray.node_id``) and the state API's node listing. The tests share one cluster, in the order
 that restarts least of it: a test that finds a worker node or the head killed by the one
-before gets that node, or a whole new cluster, started again (``shared_cluster``); team mode
+before gets a whole new cluster (``shared_cluster``); team mode
 and the fixture's own test start clusters of their own. The sweeps are the tests' tiny real
 trainings (``debug=tiny``) through the real CLI; where a node or the head is killed (the way a
 machine dies: SIGKILL of its whole process group), the points hold mid-training until the test
