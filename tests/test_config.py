@@ -167,11 +167,13 @@ def test_unknown_command_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize("preset", config.group_options("experiment"))
 def test_every_preset_composes_and_builds_its_model(preset: str) -> None:
-    """The preset's values reach SB3's PPO as they are written (schedules, gSDE included)."""
+    """The preset's values reach the SB3 model as they are written (schedules, gSDE
+    included): PPO's field by field, the other algorithms' every constructor argument."""
     from dataclasses import replace
 
     from workbench.envs.spec import EnvSpec
     from workbench.envs.vector import make_envs
+    from workbench.training import algorithms
     from workbench.training import load_config as load_run_config
     from workbench.training.model import build_model
 
@@ -180,6 +182,24 @@ def test_every_preset_composes_and_builds_its_model(preset: str) -> None:
     try:
         model = build_model(cfg, venv)
         a = cfg.algo
+        lr_end = 0.0 if a.lr_schedule == "linear" else a.learning_rate
+        assert (model.lr_schedule(1.0), model.lr_schedule(0.0)) == (a.learning_rate, lr_end)
+        assert (model.gamma, model.n_envs) == (a.gamma, cfg.env.num_envs)
+        if not isinstance(a, config.PPOConfig):
+            optimizer = getattr(model.policy, "optimizer", None)
+            for key, value in algorithms.algorithm(a).arguments(a).items():
+                if key == "use_rms_prop":  # A2C: it chooses the optimizer
+                    assert (type(optimizer).__name__ == "RMSprop") == value
+                    continue
+                if key == "rms_prop_eps":
+                    assert not a.use_rms_prop or optimizer.defaults["eps"] == value
+                    continue
+                held = getattr(model, key)
+                if key == "train_freq":
+                    held = held.frequency  # SB3's TrainFreq(frequency, unit)
+                if key != "target_entropy":  # "auto" becomes -(action dimensions)
+                    assert held == value, key
+            return
         assert (model.n_steps, model.batch_size, model.n_epochs) == (
             a.n_steps, a.batch_size, a.n_epochs)
         assert (model.gamma, model.gae_lambda, model.ent_coef, model.vf_coef) == (
@@ -188,8 +208,6 @@ def test_every_preset_composes_and_builds_its_model(preset: str) -> None:
             a.use_sde, a.max_grad_norm, cfg.env.num_envs)
         end = 0.0 if a.clip_range_schedule == "linear" else a.clip_range
         assert (model.clip_range(1.0), model.clip_range(0.0)) == (a.clip_range, end)
-        lr_end = 0.0 if a.lr_schedule == "linear" else a.learning_rate
-        assert (model.lr_schedule(1.0), model.lr_schedule(0.0)) == (a.learning_rate, lr_end)
     finally:
         venv.close()
 

@@ -376,3 +376,31 @@ def test_the_shipped_halfcheetah_defaults_do_not_trip_the_update_size_checks() -
     reward = metrics["rollout/ep_rew_mean"].values
     assert reward[-10:].mean() > 2 * reward[10:20].mean()
     assert diagnose(metrics, data["total_timesteps"], limits) == []
+
+
+# --------------------------------------------------------------------------- off-policy
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("values, fires, title", [
+    ([1.0, 0.5, 0.1, 0.05, 0.03, 0.02, 0.02], False, None),  # SAC's usual decay
+    ([1.0, 0.1, 1e-3, 5e-4, 2e-4, 1e-4, 1e-4], True, "entropy coefficient collapsed"),
+    ([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0], True, "entropy coefficient exploding"),
+    ([1.0, 1e-4, 1e-4, 0.2, 0.1, 1e-4, 0.1], False, None),  # dips, never 3 points in a row
+])
+def test_sac_entropy_coefficient_rule(values: list[float], fires: bool, title: str | None
+                                      ) -> None:
+    found = [d for d in diagnose({"train/ent_coef": series(values)}, BUDGET)
+             if d.check == "ent_coef"]
+    assert bool(found) == fires
+    if found:
+        assert found[0].title == title and "algo.ent_coef" in found[0].remedy
+
+
+@pytest.mark.unit
+def test_a_diverging_critic_loss_fires_and_a_growing_return_scale_does_not() -> None:
+    diverging = series([1.0 * 2 ** (k / 2) for k in range(24)])  # x2 every 2 points
+    growing = series([1.0 + 0.3 * k for k in range(24)])  # Q's scale follows the return
+    assert [d.check for d in diagnose({"train/critic_loss": diverging}, BUDGET)] == [
+        "critic_loss"]
+    assert diagnose({"train/critic_loss": growing}, BUDGET) == []

@@ -85,7 +85,7 @@ def card(repo_id: str | None, **index: object) -> str:
     fields = {
         "env_id": cfg.env.id, "run_id": RUN_ID, "run_name": "hopper-ne4-s3",
         "eval_mean_reward": 2412.5, "eval_std_reward": 12.25, "eval_episodes": 10,
-        "num_timesteps": 50176, "init_hub_commit": None, **index,
+        "num_timesteps": 50176, "init_hub_commit": None, "algo": "PPO", **index,
     }
     report = {
         "replay": {"mean_return": 2400.0, "std_return": 10.0, "episodes": 3},
@@ -125,7 +125,7 @@ def test_model_card_reproduce_command_of_a_run_started_from_a_bundle() -> None:
                          "torchscript_max_abs_diff": 0.0}}
     index = {"env_id": cfg.env.id, "run_id": RUN_ID, "run_name": "r", "eval_mean_reward": 1.0,
              "eval_std_reward": 0.0, "eval_episodes": 1, "num_timesteps": 2048,
-             "init_hub_commit": COMMIT}
+             "init_hub_commit": COMMIT, "algo": "PPO"}
     text = hub.model_card(index, cfg, report, None, repo_id=REPO)
     (train,) = [line for line in command_lines(text) if line.startswith("workbench train ")]
     args = parse_command(train)

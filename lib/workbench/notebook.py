@@ -27,7 +27,8 @@ from stable_baselines3.common.logger import KVWriter
 from workbench.config import ConfigError
 from workbench.sweeps.point import point_tags_from_env
 from workbench.tracking.store import make_client
-from workbench.tracking.writer import LATE_PREFIXES, numeric_items
+from workbench.tracking.writer import LATE_PREFIXES, late_prefixes, numeric_items
+from workbench.training import algorithms
 from workbench.training.faults import TrainingInterrupted
 from workbench.training.trainer import summary_rows
 from workbench.tuning.trial import TrialSession, open_trial
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 PARAMETERS: dict[str, type] = {
     "env": str,  # conf/env option, e.g. hopper
     "num_envs": int,  # env.num_envs
-    "n_steps": int,  # algo.n_steps (rollout length per environment)
+    "n_steps": int,  # algo.n_steps (rollout length per environment); 0: the algorithm's own
     "total_timesteps": int,
     "seed": int,
     "overrides": list,  # any other Hydra override, e.g. ["env.normalize=true"]
@@ -58,12 +59,9 @@ INJECTED_CELL_MARKER = "# Parameters"
 DEFAULT_NOTEBOOK = "notebooks/train.ipynb"
 
 # (logger key, panel title) of the live curves: the four signals to watch while PPO trains.
-CURVES: tuple[tuple[str, str], ...] = (
-    ("rollout/ep_rew_mean", "episode reward (mean)"),
-    ("train/entropy", "policy entropy"),
-    ("train/clip_fraction", "clip fraction"),
-    ("train/approx_kl", "approx KL"),
-)
+REWARD_CURVE = ("rollout/ep_rew_mean", "episode reward (mean)")
+# PPO's panels; other algorithms show their own (training/algorithms.py, Algorithm.curves)
+CURVES: tuple[tuple[str, str], ...] = (REWARD_CURVE, *algorithms.algorithm("ppo").curves)
 EVAL_KEY = "eval/mean_reward"
 # Field notes: a clip fraction near or above 0.3 means each update moves the policy too far.
 CLIP_FRACTION_WARNING = 0.3
@@ -105,12 +103,13 @@ class NotebookParameters:
         The tqdm bar is off by default here: the live curves show progress and a bar would
         fill a papermill-executed notebook with carriage-return updates. A resumed run keeps
         its own environment, rollout and seed, so with ``resume=`` the notebook passes only
-        its budget (``total_timesteps``) and ``overrides``.
+        its budget (``total_timesteps``) and ``overrides``. ``n_steps=0`` passes no
+        ``algo.n_steps``: the off-policy algorithms (``algo=sac`` in ``overrides``) have none.
         """
         run_shape = [] if self.resumes else [
             f"env={self.env}",
             f"env.num_envs={self.num_envs}",
-            f"algo.n_steps={self.n_steps}",
+            *([f"algo.n_steps={self.n_steps}"] if self.n_steps > 0 else []),
         ]
         return [
             "console.progress_bar=false",
@@ -246,10 +245,12 @@ class CurveHistory(KVWriter):
     dated back to the iteration they belong to, so the notebook and MLflow show the same curve.
     """
 
-    def __init__(self, keys: Sequence[str], on_dump: Callable[[], None] | None = None) -> None:
+    def __init__(self, keys: Sequence[str], on_dump: Callable[[], None] | None = None,
+                 late: tuple[str, ...] = LATE_PREFIXES) -> None:
         self.points: dict[str, list[tuple[int, float]]] = {key: [] for key in keys}
         self.on_dump = on_dump
         self.previous_step: int | None = None
+        self.late = late  # keys dated back one dump (none for the off-policy algorithms)
 
     def write(
         self,
@@ -259,7 +260,7 @@ class CurveHistory(KVWriter):
     ) -> None:
         own_keys = False
         for key, value in numeric_items(key_values):
-            late = key.startswith(LATE_PREFIXES)
+            late = bool(self.late) and key.startswith(self.late)
             own_keys = own_keys or not late
             if key in self.points:
                 at = self.previous_step if late and self.previous_step is not None else step
@@ -274,7 +275,8 @@ class CurveHistory(KVWriter):
 
 
 class LiveCurves(BaseCallback):
-    """Learning curves (reward, entropy, clip fraction, approx KL) that redraw while training.
+    """Learning curves that redraw while training: the reward and the algorithm's own three
+    (PPO: entropy, clip fraction, approx KL; SAC: entropy coefficient, critic and actor loss).
 
     In Jupyter the figure is one output updated in place through an IPython display handle
     (at most every ``every_s`` seconds, and once at the end); a papermill-executed notebook
@@ -284,12 +286,17 @@ class LiveCurves(BaseCallback):
     def __init__(self, every_s: float = 2.0) -> None:
         super().__init__()
         self.every_s = every_s
+        self.curves = CURVES
         self.history = CurveHistory([key for key, _ in CURVES] + [EVAL_KEY], self._maybe_draw)
         self.handle: Any = None
         self.last_draw = 0.0
         self.total = 0
 
     def _on_training_start(self) -> None:
+        algorithm = algorithms.of_model(self.model)
+        self.curves = (REWARD_CURVE, *algorithm.curves)
+        self.history = CurveHistory([key for key, _ in self.curves] + [EVAL_KEY],
+                                    self._maybe_draw, late_prefixes(algorithm.off_policy))
         # SB3's Logger keeps its writers in the public ``output_formats`` list.
         self.logger.output_formats.append(self.history)
         self.total = int(self.locals.get("total_timesteps", 0))
@@ -322,7 +329,8 @@ class LiveCurves(BaseCallback):
             return
         from IPython.display import Image
 
-        self.handle.update(Image(data=render_curves(self.history.points, self.total)))
+        self.handle.update(Image(data=render_curves(self.history.points, self.total,
+                                                    self.curves)))
 
 
 def short_errors() -> None:
@@ -361,18 +369,21 @@ def display_handle() -> Any:
         return None
     if get_ipython() is None:
         return None
-    return display("learning curves appear after the first PPO iteration", display_id=True)
+    return display("learning curves appear after the first logged update", display_id=True)
 
 
-def render_curves(points: Mapping[str, Sequence[tuple[int, float]]], total: int) -> bytes:
+def render_curves(points: Mapping[str, Sequence[tuple[int, float]]], total: int,
+                  curves: Sequence[tuple[str, str]] = CURVES) -> bytes:
     """The four curves as a PNG (matplotlib's object API: no pyplot state, no double display)."""
     buffer = io.BytesIO()
-    curves_figure(points, total).savefig(buffer, format="png", dpi=CURVES_DPI)
+    curves_figure(points, total, curves).savefig(buffer, format="png", dpi=CURVES_DPI)
     return buffer.getvalue()
 
 
-def curves_figure(points: Mapping[str, Sequence[tuple[int, float]]], total: int) -> Figure:
-    """The live figure: reward (with the evaluations), entropy, clip fraction and KL.
+def curves_figure(points: Mapping[str, Sequence[tuple[int, float]]], total: int,
+                  curves: Sequence[tuple[str, str]] = CURVES) -> Figure:
+    """The live figure: reward (with the evaluations) and three curves of the algorithm (PPO:
+    entropy, clip fraction with its warning line, KL).
 
     The x-axis spans the budget (``total``) or the last logged step, whichever is further:
     SB3 trains whole rollouts, so the last rollout and the final evaluation can end past
@@ -385,7 +396,7 @@ def curves_figure(points: Mapping[str, Sequence[tuple[int, float]]], total: int)
     FigureCanvasAgg(figure)
     axes = figure.subplots(2, 2, sharex=True).ravel()
     last_step = max((step for series in points.values() for step, _ in series), default=0)
-    for ax, (key, title) in zip(axes, CURVES, strict=True):
+    for ax, (key, title) in zip(axes, curves, strict=True):
         steps, values = zip(*points.get(key, []), strict=True) if points.get(key) else ((), ())
         ax.plot(steps, values, marker=".", label=key)
         ax.set_title(title)
@@ -397,7 +408,8 @@ def curves_figure(points: Mapping[str, Sequence[tuple[int, float]]], total: int)
         steps, values = zip(*evals, strict=True)
         axes[0].plot(steps, values, "o--", label="eval (deterministic)")
         axes[0].legend(loc="lower right")
-    axes[2].axhline(CLIP_FRACTION_WARNING, color="tab:red", linestyle=":", linewidth=1)
+    if curves[2][0] == "train/clip_fraction":
+        axes[2].axhline(CLIP_FRACTION_WARNING, color="tab:red", linestyle=":", linewidth=1)
     for ax in axes[2:]:
         ax.set_xlabel("environment steps")
     return figure

@@ -1,6 +1,8 @@
 """Configuration: the typed schema behind ``conf/``, Hydra composition and pure checks.
 
     schema.py   the dataclasses (one per config group) and their plain-dict forms
+    algorithms.py  the ``algo`` group's schemas, one per algorithm (SB3's defaults)
+    fields.py   declared ranges and layer sizes of fields, shared enums
     compose.py  conf/config.yaml + overrides -> validated config (``load_config``)
     checks.py   merging into the schema, range and cross-field checks
     derived.py  rollout size, minibatches, iterations, env seeds
@@ -10,6 +12,19 @@
 This layer imports nothing else of the workbench but :mod:`workbench.paths`.
 """
 
+from workbench.config.algorithms import (
+    ALGORITHMS,
+    A2CConfig,
+    AlgoConfig,
+    CrossQConfig,
+    OffPolicyConfig,
+    OnPolicyConfig,
+    PolicyConfig,
+    PPOConfig,
+    SACConfig,
+    TD3Config,
+    TQCConfig,
+)
 from workbench.config.checks import (
     MAX_NAME_LENGTH,
     MAX_TAG_VALUE_LENGTH,
@@ -33,14 +48,12 @@ from workbench.config.errors import ConfigError
 from workbench.config.identity import CONFIG_ID_TAG, config_id
 from workbench.config.schema import (
     Activation,
-    AlgoConfig,
     CheckpointConfig,
     ConsoleConfig,
     Device,
     EnvConfig,
     EvalConfig,
     InitConfig,
-    PolicyConfig,
     RandomizationConfig,
     RayConfig,
     ReproConfig,
@@ -64,6 +77,8 @@ from workbench.config.schema import (
 )
 
 __all__ = [
+    "ALGORITHMS", "A2CConfig", "CrossQConfig", "OffPolicyConfig", "OnPolicyConfig", "PPOConfig",
+    "SACConfig", "TD3Config", "TQCConfig",
     "GROUPS", "SCHEMA_NAME", "Activation", "AlgoConfig", "Device", "Schedule", "SweepExecutor",
     "VecEnvBackend", "CheckpointConfig", "CONFIG_ID_TAG", "ConfigError", "ConsoleConfig",
     "Derived", "EnvConfig", "EvalConfig", "InitConfig", "PolicyConfig", "RandomizationConfig",

@@ -16,6 +16,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from workbench.config.algorithms import (
+    OffPolicyConfig,
+    OnPolicyConfig,
+    PPOConfig,
+    SACConfig,
+    algo_schema,
+    coefficient_problem,
+)
 from workbench.config.errors import ConfigError
 from workbench.config.schema import (
     InitConfig,
@@ -39,14 +47,27 @@ def validate(cfg: DictConfig | Mapping[str, Any] | WorkbenchConfig) -> Workbench
     if isinstance(cfg, WorkbenchConfig):
         typed = cfg
     else:
+        try:
+            algo = algo_schema(_algo_name(cfg))
+        except KeyError as exc:
+            raise ConfigError(f"{exc.args[0]}; this config.yaml was written by another "
+                              "version of the workbench or by hand") from exc
         schema = OmegaConf.structured(WorkbenchConfig)
         try:
+            schema.algo = OmegaConf.structured(algo)
             merged = OmegaConf.merge(schema, cfg)
             typed = OmegaConf.to_object(merged)  # type: ignore[assignment]
         except OmegaConfBaseException as exc:
             raise ConfigError(describe_omegaconf_error(exc)) from exc
     check_values(typed)
     return typed
+
+
+def _algo_name(cfg: DictConfig | Mapping[str, Any]) -> str:
+    """``algo.name`` of a composed or stored config (PPO when the file predates algorithms)."""
+    algo = cfg.get("algo") if isinstance(cfg, Mapping | DictConfig) else None
+    name = algo.get("name", "ppo") if isinstance(algo, Mapping | DictConfig) else "ppo"
+    return str(name)
 
 
 def check_values(cfg: WorkbenchConfig) -> None:
@@ -61,26 +82,53 @@ def check_values(cfg: WorkbenchConfig) -> None:
     if not cfg.tracking.experiment.strip():
         raise ConfigError(f"tracking.experiment={cfg.tracking.experiment!r}: must not be empty "
                           "(e.g. tracking.experiment=workbench)")
-    p = cfg.algo.policy
-    if (p.squash_output or p.use_expln) and not cfg.algo.use_sde:
-        key = "squash_output" if p.squash_output else "use_expln"
-        raise ConfigError(f"algo.policy.{key}=true: only with gSDE; add algo.use_sde=true or "
-                          f"drop algo.policy.{key}")
-    rollout = cfg.env.num_envs * cfg.algo.n_steps
-    if cfg.algo.batch_size > rollout:
+    check_algo(cfg)
+    check_init(cfg.init)
+    check_video(cfg.video)
+
+
+def check_algo(cfg: WorkbenchConfig) -> None:
+    """The algorithm's cross-field checks: a rollout that fits, coefficients SB3 can parse."""
+    a = cfg.algo
+    if isinstance(a, OnPolicyConfig):
+        p = a.policy
+        if (p.squash_output or p.use_expln) and not a.use_sde:
+            key = "squash_output" if p.squash_output else "use_expln"
+            raise ConfigError(f"algo.policy.{key}=true: only with gSDE; add algo.use_sde=true "
+                              f"or drop algo.policy.{key}")
+    rollout = cfg.env.num_envs * a.steps_per_update()
+    if isinstance(a, PPOConfig) and a.batch_size > rollout:
         raise ConfigError(
-            f"algo.batch_size={cfg.algo.batch_size} is larger than one rollout "
-            f"(env.num_envs * algo.n_steps = {cfg.env.num_envs} * {cfg.algo.n_steps} = {rollout}): "
+            f"algo.batch_size={a.batch_size} is larger than one rollout "
+            f"(env.num_envs * algo.n_steps = {cfg.env.num_envs} * {a.n_steps} = {rollout}): "
             f"lower algo.batch_size to at most {rollout} or raise env.num_envs/algo.n_steps"
         )
-    if cfg.total_timesteps < rollout:
+    if isinstance(a, OnPolicyConfig) and cfg.total_timesteps < rollout:
         raise ConfigError(
             f"total_timesteps={cfg.total_timesteps} is smaller than one rollout "
             f"(env.num_envs * algo.n_steps = {rollout}): raise total_timesteps to at least "
             f"{rollout} or shrink the rollout"
         )
-    check_init(cfg.init)
-    check_video(cfg.video)
+    if isinstance(a, OffPolicyConfig):
+        check_off_policy(cfg, a)
+
+
+def check_off_policy(cfg: WorkbenchConfig, a: OffPolicyConfig) -> None:
+    """Entropy settings SB3 can parse; a first update inside the training's steps."""
+    for key, auto_init in (("ent_coef", True), ("target_entropy", False)):
+        value = getattr(a, key, None)
+        problem = coefficient_problem(value, auto_init=auto_init) if value is not None else None
+        if problem:
+            raise ConfigError(f"algo.{key}={value!r}: {problem}")
+    if isinstance(a, SACConfig) and a.use_sde is False and a.sde_sample_freq != -1:
+        raise ConfigError(f"algo.sde_sample_freq={a.sde_sample_freq}: only with gSDE; add "
+                          "algo.use_sde=true or drop algo.sde_sample_freq")
+    if a.learning_starts >= cfg.total_timesteps:
+        raise ConfigError(
+            f"algo.learning_starts={a.learning_starts} is not below total_timesteps="
+            f"{cfg.total_timesteps}: the run would never update; lower algo.learning_starts "
+            "or raise total_timesteps"
+        )
 
 
 def check_names(cfg: WorkbenchConfig) -> None:

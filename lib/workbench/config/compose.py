@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from workbench import paths
+from workbench.config.algorithms import ALGORITHMS
 from workbench.config.checks import describe_omegaconf_error, validate
 from workbench.config.errors import ConfigError
 from workbench.config.schema import WorkbenchConfig, schema_field
@@ -80,7 +81,10 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
     check_overrides(overrides)
     # The schema is the first entry of config.yaml's defaults list: every key exists with its
     # type before the YAML files and overrides are merged in (Hydra's structured configs).
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=schema_node())
+    store = ConfigStore.instance()
+    store.store(name=SCHEMA_NAME, node=schema_node())
+    for name, schema in ALGORITHMS.items():  # conf/algo/<option>.yaml: "defaults: [<name>_schema]"
+        store.store(group="algo", name=f"{name}_schema", node=schema)
     GlobalHydra.instance().clear()
     # Hydra's search path (primary config first): the user's written config after conf/.
     extra = user_conf_dir()
@@ -100,9 +104,12 @@ def schema_node() -> DictConfig:
     Hydra composes in struct mode, where a dict field takes a key only through ``+``;
     ``sweep.grid={algo.learning_rate:[1e-4,3e-4]}`` names every key it adds, so the grid's
     node is not in struct mode (its keys are checked by workbench.sweeps.grid instead).
+    The ``algo`` node is left open (``???``): the group option's own algorithm schema fills it,
+    so each algorithm's keys, types and defaults are its own.
     """
     node = OmegaConf.structured(WorkbenchConfig)
     OmegaConf.set_struct(node.sweep.grid, False)
+    node.algo = "???"
     return node
 
 
@@ -183,7 +190,7 @@ def _check_schema_key(dotted: str) -> None:
     for part in dotted.split("."):
         if not (isinstance(node, type) and is_dataclass(node)):
             return  # inside a free-form dict (env.kwargs, tracking.tags): anything goes
-        names = [f.name for f in fields(node)]
+        names = _key_names(node, walked)
         if part not in names:
             where = ".".join(walked) or "the top level"
             close = difflib.get_close_matches(part, names, n=1)
@@ -196,6 +203,19 @@ def _check_schema_key(dotted: str) -> None:
         node = schema_field(".".join(walked))
 
 
+def _key_names(node: type, walked: list[str]) -> list[str]:
+    """The keys under ``walked``: a dataclass's fields; under ``algo``, those of any algorithm
+    (which algorithm a key belongs to is checked when the config is composed)."""
+    if walked[:1] != ["algo"]:
+        return [f.name for f in fields(node)]
+    names: dict[str, None] = {}
+    for algo in ALGORITHMS:
+        declared = schema_field(".".join(walked), algo)
+        if isinstance(declared, type) and is_dataclass(declared):
+            names.update(dict.fromkeys(f.name for f in fields(declared)))
+    return list(names)
+
+
 def describe_hydra_error(exc: BaseException, overrides: Sequence[str] = ()) -> str:
     """One line from a Hydra composition error, from its most specific cause.
 
@@ -206,6 +226,9 @@ def describe_hydra_error(exc: BaseException, overrides: Sequence[str] = ()) -> s
     cause: BaseException | None = exc
     while cause is not None:
         key = getattr(cause, "full_key", None)
+        if isinstance(cause, ConfigAttributeError | ConfigKeyError) and key and \
+                key.startswith("algo."):
+            return describe_foreign_algo_key(key, getattr(cause, "object_type", None))
         if isinstance(cause, ConfigAttributeError | ConfigKeyError) and key:
             given = next((o for o in overrides if o.split("=", 1)[0] == key), None)
             if given is not None:
@@ -215,6 +238,21 @@ def describe_hydra_error(exc: BaseException, overrides: Sequence[str] = ()) -> s
         cause = cause.__cause__ or cause.__context__
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return " ".join(lines[:3]) if lines else type(exc).__name__
+
+
+def describe_foreign_algo_key(key: str, schema: Any) -> str:
+    """``algo.n_epochs`` given to ``algo=sac``: whose key it is and what SAC's keys are."""
+    parts = key.split(".")
+    parent = ".".join(parts[:-1])
+    name = next((n for n in ALGORITHMS if schema_field(parent, n) is schema), None)
+    if name is None:
+        return f"{key}: not a key of the chosen algorithm; check algo= and the key's spelling"
+    declared = schema_field(parent, name)
+    valid = sorted(f.name for f in fields(declared)) if is_dataclass(declared) else []
+    others = [n for n in ALGORITHMS if schema_field(key, n) is not None]
+    whose = f" (a key of {', '.join(f'algo={o}' for o in others)})" if others else ""
+    return (f"{key}: not an option of algo={name}{whose}; drop it or choose another algo; "
+            f"{name}'s keys under {parent}: {', '.join(valid)}")
 
 
 def hydra_value(value: Any) -> str:

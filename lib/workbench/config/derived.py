@@ -1,5 +1,8 @@
 """Quantities derived once from a validated config: rollout size, minibatches, iterations.
 
+For the off-policy algorithms an "iteration" is one collection of ``num_envs * train_freq``
+transitions followed by ``gradient_steps`` gradient steps of ``batch_size`` transitions.
+
 Computed in one place, logged as ``derived.*`` params and printed in the run's header.
 """
 
@@ -7,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from workbench.config.algorithms import A2CConfig, OffPolicyConfig, PPOConfig
 from workbench.config.schema import WorkbenchConfig
 
 
@@ -14,21 +18,36 @@ from workbench.config.schema import WorkbenchConfig
 class Derived:
     """Quantities computed once from the config, logged as params and printed at start."""
 
-    rollout_size: int  # samples per PPO update = num_envs * n_steps
-    minibatches_per_epoch: int
+    rollout_size: int  # samples per update = num_envs * n_steps (off-policy: * train_freq)
+    minibatches_per_epoch: int  # off-policy: 1 (one batch per gradient step)
     gradient_steps_per_iteration: int
-    iterations: int  # PPO iterations needed to reach total_timesteps
+    # logged iterations to reach total_timesteps: PPO/A2C's updates; off-policy, the points
+    # logged every log_every_steps
+    iterations: int
     env_seeds: list[int]
+    log_every_steps: int  # env steps between logged points (PPO/A2C: a rollout)
 
 
 def derive(cfg: WorkbenchConfig) -> Derived:
     """Compute the derived quantities of a validated config."""
-    rollout = cfg.env.num_envs * cfg.algo.n_steps
-    minibatches = -(-rollout // cfg.algo.batch_size)
+    a = cfg.algo
+    rollout = cfg.env.num_envs * a.steps_per_update()
+    minibatches, steps = 1, 1  # A2C: one gradient step on the whole rollout
+    if isinstance(a, PPOConfig):
+        minibatches = -(-rollout // a.batch_size)
+        steps = minibatches * a.n_epochs
+    elif isinstance(a, OffPolicyConfig):
+        steps = a.gradient_steps
+    else:
+        assert isinstance(a, A2CConfig), type(a)
+    log_every = rollout
+    if isinstance(a, OffPolicyConfig):  # about every 1,000 steps, at least 10 points a run
+        log_every = -(-max(rollout, min(1000, cfg.total_timesteps // 10)) // rollout) * rollout
     return Derived(
         rollout_size=rollout,
         minibatches_per_epoch=minibatches,
-        gradient_steps_per_iteration=minibatches * cfg.algo.n_epochs,
-        iterations=-(-cfg.total_timesteps // rollout),
+        gradient_steps_per_iteration=steps,
+        iterations=-(-cfg.total_timesteps // log_every),
         env_seeds=[cfg.seed + rank for rank in range(cfg.env.num_envs)],
+        log_every_steps=log_every,
     )

@@ -7,22 +7,26 @@ an ``Enum`` fail with the key's name (:mod:`workbench.config.compose`).
 :mod:`workbench.config.checks` adds the range and cross-field checks a type cannot express.
 
 Each default is written once: here, or (for ``???`` fields) in the group option that sets it.
-The ``algo`` defaults are stable-baselines3's own PPO defaults, so ``algo=ppo_sb3`` is this
-schema as it is and ``conf/algo/ppo.yaml`` lists only what the workbench changes
-(``tests/test_defaults.py`` checks that no YAML file of ``conf/`` repeats a default).
+The ``algo`` group has one schema per algorithm (:mod:`workbench.config.algorithms`) with the
+library's own defaults, so ``algo=ppo_sb3`` is PPO's schema as it is and
+``conf/algo/ppo.yaml`` lists only what the workbench changes (``tests/test_defaults.py``
+checks that no YAML file of ``conf/`` repeats a default).
 """
 
 from __future__ import annotations
 
-import math
 import typing
 from collections.abc import Mapping
-from dataclasses import MISSING as NO_FACTORY
 from dataclasses import dataclass, field, is_dataclass
 from enum import StrEnum
 from typing import Any
 
 from omegaconf import MISSING, OmegaConf
+
+from workbench.config.algorithms import ALGORITHMS, AlgoConfig, PPOConfig, algo_schema
+from workbench.config.fields import Activation, Range, Schedule, ranged, sizes
+
+__all__ = ["Activation", "Range", "Schedule", "ranged", "sizes"]  # re-exported
 
 
 class VecEnvBackend(StrEnum):
@@ -40,25 +44,6 @@ class Device(StrEnum):
     auto = "auto"  # CUDA when available, else the CPU
     cpu = "cpu"
     cuda = "cuda"
-
-
-class Activation(StrEnum):
-    """Hidden-layer activation of the actor and critic (``algo.policy.activation``)."""
-
-    tanh = "tanh"
-    relu = "relu"
-    elu = "elu"
-
-
-class Schedule(StrEnum):
-    """How a value evolves over training (``algo.lr_schedule``, ``algo.clip_range_schedule``).
-
-    ``linear`` is rl-baselines3-zoo's ``lin_<value>``: from the configured value down to 0
-    at the end of ``total_timesteps``.
-    """
-
-    constant = "constant"
-    linear = "linear"
 
 
 class SweepExecutor(StrEnum):
@@ -108,53 +93,6 @@ class TuneAggregate(StrEnum):
     iqm = "iqm"  # interquartile mean: the mean of the middle half of the seeds
 
 
-@dataclass(frozen=True)
-class Range:
-    """The valid values of a number field, checked by :mod:`workbench.config.checks`."""
-
-    low: float | None = None
-    high: float | None = None
-    above: bool = False  # ``low`` itself is not valid (``> low`` rather than ``>= low``)
-    example: str = ""  # a valid value for the error message
-
-    def contains(self, value: float) -> bool:
-        """True for a finite ``value`` inside the range."""
-        if not math.isfinite(value):
-            return False
-        if self.low is not None and (value <= self.low if self.above else value < self.low):
-            return False
-        return self.high is None or value <= self.high
-
-    def describe(self) -> str:
-        """``>= 1``, ``> 0``, ``in [0, 1]``, ``finite``."""
-        low, high = _number(self.low), _number(self.high)
-        if self.low is not None and self.high is not None:
-            return f"in {'(' if self.above else '['}{low}, {high}]"
-        if self.low is not None:
-            return f"{'>' if self.above else '>='} {low}"
-        return "finite" if self.high is None else f"<= {high}"
-
-
-def _number(value: float | None) -> str:
-    """``1``, ``0.5``, ``4294927295``: integers without a decimal point or an exponent."""
-    if value is None:
-        return ""
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
-
-
-def ranged(default: Any, low: float | None = None, high: float | None = None, *,
-           above: bool = False, example: Any) -> Any:
-    """A field with a default and the range its values must lie in (``None`` always passes)."""
-    return field(default=default,
-                 metadata={"range": Range(low, high, above, str(example))})
-
-
-def sizes(*default: int, example: str) -> Any:
-    """A list-of-layer-sizes field; each size must be >= 1."""
-    return field(default_factory=lambda: list(default),
-                 metadata={"each": Range(1, example=example)})
-
-
 # numpy's seeds are 32-bit; evaluation and export seed their envs at seed + 10000 .. 30000
 # (envs/vector.py, deploy/export.py), so the base seed keeps that much headroom.
 SEED_MAX = 2**32 - 1 - 40_000
@@ -198,58 +136,6 @@ class EnvConfig:
     max_episode_steps: int | None = ranged(None, 1, example=1000)
     kwargs: dict[str, Any] = field(default_factory=dict)  # passed to gymnasium.make
     randomization: RandomizationConfig = field(default_factory=RandomizationConfig)  # training
-
-
-@dataclass
-class PolicyConfig:
-    """Actor-critic network (SB3 ``policy_kwargs`` of ``MlpPolicy``); SB3's defaults."""
-
-    pi: list[int] = sizes(64, 64, example="[64,64]")  # actor hidden layer sizes
-    vf: list[int] = sizes(64, 64, example="[64,64]")  # critic hidden layer sizes
-    activation: Activation = Activation.tanh
-    # initial log std of the Gaussian action distribution
-    log_std_init: float = ranged(0.0, example=-1.0)
-    ortho_init: bool = True  # orthogonal weight initialization
-    share_features_extractor: bool = True  # actor and critic share the features extractor
-    # gSDE only (algo.use_sde): a state-dependent std for every action dimension (else one
-    # per dimension), tanh-squashed actions, and exp-ln instead of exp for the std
-    full_std: bool = True
-    squash_output: bool = False
-    use_expln: bool = False
-
-
-@dataclass
-class AlgoConfig:
-    """PPO hyperparameters, named as in stable-baselines3; the defaults are SB3's own."""
-
-    name: str = "ppo"  # the algorithm (only PPO so far)
-    # steps per environment per rollout; rollout = num_envs * n_steps
-    n_steps: int = ranged(2048, 2, example=2048)
-    batch_size: int = ranged(64, 2, example=64)  # minibatch size
-    n_epochs: int = ranged(10, 1, example=10)  # passes over each rollout
-    # Adam's step size (the initial value with a schedule)
-    learning_rate: float = ranged(3e-4, 0, above=True, example=3e-4)
-    lr_schedule: Schedule = Schedule.constant
-    gamma: float = ranged(0.99, 0, 1, example=0.99)  # discount factor
-    gae_lambda: float = ranged(0.95, 0, 1, example=0.95)  # GAE's bias/variance trade-off
-    # PPO's clipping of the probability ratio (the initial value with a schedule)
-    clip_range: float = ranged(0.2, 0, above=True, example=0.2)
-    clip_range_schedule: Schedule = Schedule.constant
-    # clipping of the value function's change; None: not clipped
-    clip_range_vf: float | None = ranged(None, 0, above=True, example=0.2)
-    ent_coef: float = ranged(0.0, 0, example=0.01)  # entropy bonus in the loss
-    vf_coef: float = ranged(0.5, 0, example=0.5)  # value loss weight in the loss
-    max_grad_norm: float = ranged(0.5, 0, above=True, example=0.5)  # gradient clipping
-    # stop an update's epochs early above this approximate KL; None: never
-    target_kl: float | None = ranged(None, 0, above=True, example=0.02)
-    normalize_advantage: bool = True  # standardize advantages per minibatch
-    # generalized State-Dependent Exploration instead of unstructured Gaussian noise
-    use_sde: bool = False
-    # with use_sde: sample a new noise matrix every N steps (-1: only at the rollout's start)
-    sde_sample_freq: int = ranged(-1, -1, example=4)
-    # episodes averaged in rollout/ep_rew_mean and rollout/ep_len_mean
-    stats_window_size: int = ranged(100, 1, example=100)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
 
 
 @dataclass
@@ -329,6 +215,10 @@ class CheckpointConfig:
     # write one every N env steps (0: only at the end, on stop/failure)
     every_steps: int = ranged(50_000, 0, example=50000)
     keep_last: int = ranged(3, 0, example=3)  # newest checkpoints kept in the run (0: all)
+    # off-policy algorithms: checkpoints carry the replay buffer (its filled part) while it
+    # is at most this many MiB in memory; a larger one is left out and a resume refills it
+    # with algo.learning_starts steps of fresh experience (the header says which applies)
+    replay_buffer_max_mb: int = ranged(2048, 0, example=2048)
 
 
 @dataclass
@@ -429,7 +319,8 @@ class WorkbenchConfig:
     """The whole, resolved configuration of one training run."""
 
     env: EnvConfig = field(default_factory=EnvConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    # the algorithm and its hyperparameters (conf/algo/, config/algorithms.py)
+    algo: AlgoConfig = field(default_factory=PPOConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
@@ -474,16 +365,15 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _field_type(f: Any) -> Any:
-    """The dataclass type of a nested field, or None for leaves."""
-    if f.default_factory is not NO_FACTORY:
-        sample = f.default_factory()
-        return type(sample) if is_dataclass(sample) else None
-    return None
+def schema_field(dotted: str, algo: str | None = None) -> Any:
+    """The resolved type of a schema key (``int`` for ``env.num_envs``), or None if unknown.
 
-
-def schema_field(dotted: str) -> Any:
-    """The resolved type of a schema key (``int`` for ``env.num_envs``), or None if unknown."""
+    ``algo.*`` keys are looked up in the schema of ``algo`` (an ``algo.name``); without it,
+    in the first algorithm whose schema has the key.
+    """
+    if algo is None and dotted.startswith("algo."):
+        found = (schema_field(dotted, name) for name in ALGORITHMS)
+        return next((declared for declared in found if declared is not None), None)
     node: Any = WorkbenchConfig
     declared: Any = None
     for part in dotted.split("."):
@@ -492,7 +382,8 @@ def schema_field(dotted: str) -> Any:
         hints = typing.get_type_hints(node)
         if part not in hints:
             return None
-        declared = hints[part]
+        declared = algo_schema(algo) if node is WorkbenchConfig and part == "algo" and algo \
+            else hints[part]
         node = declared if isinstance(declared, type) and is_dataclass(declared) else None
     return declared
 

@@ -2,8 +2,10 @@
 
 A deployer feeds raw sensor values and wants actuator commands, so the exported graph holds
 everything between the two: the run's ``VecNormalize`` observation statistics (the same
-float64 formula SB3 uses), the actor network, and the deterministic action (the Gaussian's
-mean, as SB3's ``predict(deterministic=True)``) clipped to the action space.
+float64 formula SB3 uses), the actor network, and the deterministic action as SB3's
+``predict(deterministic=True)`` computes it: PPO's and A2C's Gaussian mean clipped to the
+action space; SAC's, TQC's and CrossQ's squashed mean (``tanh``) and TD3's actor output, both
+in [-1, 1], scaled to the action space.
 """
 
 from __future__ import annotations
@@ -25,13 +27,75 @@ from workbench.training.model import PolicySource
 
 INPUT_NAME, OUTPUT_NAME = "obs", "action"  # the graph's input and output names
 
+class GaussianMean(torch.nn.Module):
+    """PPO's and A2C's deterministic action: features extractor, ``mlp_extractor.policy_net``,
+    ``action_net`` (the Gaussian's mean)."""
+
+    squashed = False
+
+    def __init__(self, policy: Any) -> None:
+        super().__init__()
+        if not isinstance(policy.action_dist, DiagGaussianDistribution) or policy.squash_output:
+            raise ConfigError("export supports the Gaussian MlpPolicy of PPO and A2C (no gSDE, "
+                              "no squashed outputs); retrain without them")
+        self.features = policy.pi_features_extractor
+        self.actor = policy.mlp_extractor.policy_net
+        self.action_net = policy.action_net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.action_net(self.actor(self.features(x)))  # type: ignore[no-any-return]
+
+
+class SquashedMean(torch.nn.Module):
+    """SAC's, TQC's and CrossQ's deterministic action: the actor's mean through ``tanh``, in
+    [-1, 1] (the actor's batch renormalization, CrossQ's, uses its running statistics)."""
+
+    squashed = True
+
+    def __init__(self, policy: Any) -> None:
+        super().__init__()
+        if policy.actor.use_sde:
+            raise ConfigError("export supports SAC-style actors without gSDE; retrain with "
+                              "algo.use_sde=false")
+        self.actor = policy.actor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean, _, _ = self.actor.get_action_dist_params(x)
+        return torch.tanh(mean)
+
+
+class DeterministicActor(torch.nn.Module):
+    """TD3's actor: its output (through its final ``tanh``) is the action in [-1, 1]."""
+
+    squashed = True
+
+    def __init__(self, policy: Any) -> None:
+        super().__init__()
+        self.actor = policy.actor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.actor(x)  # type: ignore[no-any-return]
+
+
+def actor_head(policy: Any) -> torch.nn.Module:
+    """The module computing the deterministic action of ``policy``'s algorithm."""
+    from stable_baselines3.td3.policies import TD3Policy
+
+    if isinstance(policy, TD3Policy):
+        return DeterministicActor(policy)
+    if hasattr(policy, "actor") and hasattr(policy.actor, "get_action_dist_params"):
+        return SquashedMean(policy)
+    return GaussianMean(policy)
+
+
 class DeployedPolicy(torch.nn.Module):
     """Raw observation -> deterministic action, as one graph.
 
     ``forward`` is VecNormalize's formula in float64 (``clip((obs - mean) / sqrt(var + eps))``,
-    exactly what SB3 computes in numpy), cast to float32 as SB3 does, then SB3's actor path
-    (features extractor, ``mlp_extractor.policy_net``, ``action_net``: the Gaussian's mean) and
-    the clip to the action space that ``predict`` applies.
+    exactly what SB3 computes in numpy), cast to float32 as SB3 does, then the algorithm's
+    actor path (:func:`actor_head`), a squashed action scaled from [-1, 1] to the action
+    space (SB3's ``unscale_action``), and the clip to the action space that ``predict``
+    applies.
     """
 
     obs_mean: torch.Tensor
@@ -41,15 +105,11 @@ class DeployedPolicy(torch.nn.Module):
 
     def __init__(self, source: PolicySource) -> None:
         super().__init__()
-        policy = source.model.policy
-        if not isinstance(policy.action_dist, DiagGaussianDistribution) or policy.squash_output:
-            raise ConfigError(
-                f"{source.origin}: export supports PPO's Gaussian MlpPolicy (no gSDE, no "
-                "squashed outputs); retrain without them"
-            )
-        self.features = policy.pi_features_extractor
-        self.actor = policy.mlp_extractor.policy_net
-        self.action_net = policy.action_net
+        try:
+            self.head = actor_head(source.model.policy)
+        except ConfigError as exc:
+            raise ConfigError(f"{source.origin}: {exc}") from exc
+        self.squashed = bool(getattr(self.head, "squashed", False))
         self.actor_dtype = torch.float32  # float16 for the GPU variant
         vecnorm = source.vecnormalize
         self.normalize = vecnorm is not None and bool(vecnorm.norm_obs)
@@ -73,7 +133,9 @@ class DeployedPolicy(torch.nn.Module):
             x = (obs.to(torch.float64) - self.obs_mean) / self.obs_std
             x = torch.clamp(x, -self.clip_obs, self.clip_obs)
         x = x.to(torch.float32).to(self.actor_dtype)
-        action = self.action_net(self.actor(self.features(x))).to(torch.float32)
+        action = self.head(x).to(torch.float32)
+        if self.squashed:
+            action = self.action_low + 0.5 * (action + 1.0) * (self.action_high - self.action_low)
         return torch.clamp(action, self.action_low, self.action_high)
 
 

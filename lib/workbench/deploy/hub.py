@@ -31,6 +31,7 @@ from workbench.config.compose import hydra_value
 from workbench.deploy import export, graph
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import set_tags
+from workbench.training import algorithms
 from workbench.training.bundle import (
     PARITY_TOLERANCE,
     PULL_TRUST_HINT,
@@ -58,7 +59,7 @@ from workbench.training.bundle_format import (
 BUNDLE_FILES = {
     "policy.onnx": "raw observation -> deterministic action; normalization and action "
     "clipping inside the graph (dynamic batch axis)",
-    "weights.safetensors": "SB3 ActorCriticPolicy state dict (actor and critic), for "
+    "weights.safetensors": "SB3 policy state dict (actor and critics), for "
     "training from this policy (init.hub_repo_id)",
     "normalization.json": "VecNormalize observation statistics: mean, var, count, epsilon, "
     "clip_obs",
@@ -71,13 +72,8 @@ BUNDLE_FILES = {
     "export_report.json)",
     CARD_NAME: "this model card",
 }
-HYPERPARAMETERS = (
-    "env.num_envs", "env.normalize", "algo.n_steps", "algo.batch_size", "algo.n_epochs",
-    "algo.learning_rate", "algo.lr_schedule", "algo.gamma", "algo.gae_lambda",
-    "algo.clip_range", "algo.ent_coef", "algo.vf_coef", "algo.max_grad_norm",
-    "algo.target_kl", "algo.policy.pi", "algo.policy.vf", "algo.policy.activation",
-    "total_timesteps", "seed",
-)
+# The model card's hyperparameter table: these, and every algo.* key of the run's algorithm.
+HYPERPARAMETERS = ("env.num_envs", "env.normalize", "total_timesteps", "seed")
 CARD_PACKAGES = ("torch", "stable-baselines3", "gymnasium", "mujoco", "numpy", "mlflow",
                  "hydra-core", "onnx", "onnxruntime")
 # Where a run was recorded is not part of what it is: left out of the reproduce command.
@@ -144,7 +140,7 @@ def write_bundle(client: Any, run_id: str, folder: Path, repo_id: str | None = N
         "run_id": run_id,
         "run_name": run.info.run_name,
         "env_id": source.config.env.id,
-        "algo": "PPO",
+        "algo": algorithms.algorithm(source.config.algo).label,
         "num_timesteps": int(source.model.num_timesteps),
         "eval_mean_reward": finite(source.eval_mean_reward),
         "eval_std_reward": finite(source.eval_std_reward),
@@ -246,15 +242,16 @@ def model_card(
             metric_name="mean_reward", metric_value=reward,
         ))
     data = ModelCardData(
-        library_name="stable-baselines3", model_name=f"PPO-{env_id}",
+        library_name="stable-baselines3", model_name=f"{index['algo']}-{env_id}",
         tags=["reinforcement-learning", "deep-reinforcement-learning", "stable-baselines3",
               "onnx", "workbench", env_id],
         eval_results=results or None,
     )
     body = "\n".join([
-        f"# PPO on {env_id}",
+        f"# {index['algo']} on {env_id}",
         "",
-        f"A {env_id} policy trained with stable-baselines3 PPO by the Workbench "
+        f"A {env_id} policy trained with {library(index['algo'])} {index['algo']} by the "
+        "Workbench "
         f"(MLflow run `{index['run_id']}`, `{index['run_name']}`).",
         "",
         "## Result",
@@ -330,9 +327,18 @@ def replay_video_lines(index: Mapping[str, Any], report: Mapping[str, Any]) -> l
 
 def hyperparameter_table(cfg: WorkbenchConfig) -> list[str]:
     flat = config.flatten(config.to_dict(cfg))
-    rows = ["| key | value |", "|---|---|", "| algorithm | PPO (stable-baselines3 MlpPolicy) |"]
-    rows += [f"| `{key}` | {flat[key]} |" for key in HYPERPARAMETERS if key in flat]
+    label = algorithms.algorithm(cfg.algo).label
+    rows = ["| key | value |", "|---|---|",
+            f"| algorithm | {label} ({library(label)} MlpPolicy) |"]
+    keys = [*HYPERPARAMETERS[:2], *(k for k in flat if k.startswith("algo.")),
+            *HYPERPARAMETERS[2:]]
+    rows += [f"| `{key}` | {flat[key]} |" for key in keys if key in flat]
     return rows
+
+
+def library(label: str) -> str:
+    """The library an algorithm comes from: sb3-contrib for TQC and CrossQ."""
+    return "sb3-contrib" if label in ("TQC", "CrossQ") else "stable-baselines3"
 
 
 def software_lines(manifest: Mapping[str, Any] | None) -> list[str]:
@@ -372,6 +378,8 @@ def reproduce_command(cfg: WorkbenchConfig, init_commit: str | None = None) -> s
     again must give the same config, which is checked here rather than assumed.
     """
     base = [f"env={cfg.env.name}"] if cfg.env.name in config.group_options("env") else []
+    if cfg.algo.name != "ppo":  # the algorithm's group option (PPO's is the default)
+        base.append(f"algo={cfg.algo.name}")
     if cfg.experiment_name and cfg.experiment_name in config.group_options("experiment"):
         base.append(f"experiment={cfg.experiment_name}")
     target = reproducible(config.flatten(config.to_dict(cfg)))
@@ -542,7 +550,7 @@ def push(
             repo_id,
             operations=[CommitOperationAdd(path_in_repo=n, path_or_fileobj=str(folder / n))
                         for n in files],
-            commit_message=f"workbench: PPO {index['env_id']} from run {run_id}",
+            commit_message=f"workbench: {index['algo']} {index['env_id']} from run {run_id}",
             commit_description=f"{index['num_timesteps']} training steps; see README.md",
         )
     set_tags(client, run_id, {"hub.repo_id": repo_id, "hub.revision": info.oid})

@@ -145,8 +145,7 @@ def fp16_variant(
     if not torch.cuda.is_available():
         return {"skipped": "no CUDA device (FP16 runs only on a GPU)"}
     half = copy.deepcopy(module).cuda()
-    for part in (half.features, half.actor, half.action_net):
-        part.half()
+    half.head.half()
     half.actor_dtype = torch.float16
     path = directory / "policy_fp16_cuda.pt"
     with torch.no_grad():

@@ -80,6 +80,13 @@ class Thresholds:
     gpu_throttle_percent: float = threshold(
         10.0, "percent of the samples with the GPU's clocks slowed for heat that counts as "
         "thermal throttling")
+    ent_coef_min: float = threshold(
+        1e-3, "SAC/TQC/CrossQ: a learned entropy coefficient below this ...")
+    ent_coef_max: float = threshold(5.0, "... or above this (it starts at 1) ...")
+    ent_coef_points: int = threshold(3, "... for this many consecutive logged points fires")
+    critic_loss_growth: float = threshold(
+        20.0, "off-policy: last-quarter / first-quarter median critic loss above this, and "
+        "rising steadily, counts as diverging")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -364,11 +371,71 @@ def check_iteration_time(
     )
 
 
+def check_ent_coef(
+    metrics: Mapping[str, Series], budget: int | None, limits: Thresholds
+) -> Diagnostic | None:
+    """SAC's (TQC's, CrossQ's) learned entropy coefficient collapsing to ~0 or exploding."""
+    s = metrics.get("train/ent_coef")
+    if s is None or not len(s):
+        return None
+    for low, flags in ((True, s.values < limits.ent_coef_min),
+                       (False, s.values > limits.ent_coef_max)):
+        start, length = longest_streak(flags)
+        if length < limits.ent_coef_points:
+            continue
+        step, value = int(s.steps[start]), float(s.values[start + length - 1])
+        bound = limits.ent_coef_min if low else limits.ent_coef_max
+        return Diagnostic(
+            check="ent_coef",
+            title="entropy coefficient collapsed" if low else "entropy coefficient exploding",
+            evidence=f"train/ent_coef {'<' if low else '>'} {bound:g} for {length} logged "
+            f"points from step {step} (last {value:.3g}; it starts at "
+            f"{float(s.values[0]):.3g})",
+            remedy=("exploration stopped: the policy is near-deterministic; lower the target "
+                    "entropy's magnitude (algo.target_entropy) or fix the coefficient "
+                    "(algo.ent_coef=0.01)") if low else
+            ("the policy cannot reach its target entropy: check the action scale and "
+             "algo.target_entropy, or fix the coefficient (algo.ent_coef=0.1)"),
+            values={"points": float(length), "step": float(step), "last": value},
+        )
+    return None
+
+
+def check_critic_loss(
+    metrics: Mapping[str, Series], budget: int | None, limits: Thresholds
+) -> Diagnostic | None:
+    """The off-policy critic's loss growing by orders of magnitude: Q-values diverging."""
+    s = metrics.get("train/critic_loss")
+    if s is None or len(s) < limits.min_iterations:
+        return None
+    values = s.values[np.isfinite(s.values)]
+    if len(values) < limits.min_iterations:
+        return None
+    m = max(1, len(values) // 4)
+    first, last = float(np.median(values[:m])), float(np.median(values[-m:]))
+    if first <= 0 or last / first < limits.critic_loss_growth:
+        return None
+    trend = rank_correlation(values)
+    if trend < limits.iteration_time_trend:
+        return None
+    return Diagnostic(
+        check="critic_loss",
+        title="critic loss diverging",
+        evidence=f"median train/critic_loss {first:.3g} in the first quarter -> {last:.3g} in "
+        f"the last (x{last / first:.0f}; rank correlation with the step {trend:.2f})",
+        remedy="Q-values are blowing up: lower algo.learning_rate, raise algo.tau's "
+        "smoothing (a smaller algo.tau), normalize rewards (env.normalize=true) or clip them",
+        values={"first": first, "last": last, "growth": last / first, "trend": trend},
+    )
+
+
 CHECKS: tuple[Check, ...] = (
     check_nonfinite,
     check_clip_fraction,
     check_approx_kl,
     check_entropy_collapse,
+    check_ent_coef,
+    check_critic_loss,
     check_reward_flat,
     check_iteration_time,
 )

@@ -214,6 +214,25 @@ def signals_figure(entropy: Sequence[Curves], clip_fraction: Sequence[Curves],
     return fig
 
 
+def off_policy_signals_figure(ent_coef: Sequence[Curves], critic_loss: Sequence[Curves],
+                              actor_loss: Sequence[Curves], *, ent_coef_min: float) -> Figure:
+    """SAC/TD3/TQC/CrossQ: entropy coefficient (log scale), critic and actor loss vs steps."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    fig, axes = new_figure(3)
+    draw_curves(axes[0], ent_coef, title="Entropy coefficient (train/ent_coef)",
+                ylabel="coefficient (log scale)", threshold=ent_coef_min)
+    axes[0].set_yscale("log")  # plain tick labels: the report's style renders no mathtext
+    axes[0].yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axes[0].yaxis.set_minor_formatter(NullFormatter())
+    draw_curves(axes[1], critic_loss, title="Critic loss (train/critic_loss)", ylabel="loss")
+    draw_curves(axes[2], actor_loss, title="Actor loss (train/actor_loss)", ylabel="loss")
+    legend_below(fig, axes)
+    with matplotlib.rc_context(STYLE):
+        fig.suptitle("Off-policy update signals vs environment steps (mean ± std over runs)")
+    return fig
+
+
 # --------------------------------------------------------------------------- grid heatmaps
 
 

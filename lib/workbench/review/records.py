@@ -616,6 +616,14 @@ def render_figures(points: Sequence[Point], thresholds: Thresholds,
                        curves("train/approx_kl"), clip_max=thresholds.clip_fraction_max,
                        kl_max=thresholds.approx_kl_max))),
     ]
+    if any("train/critic_loss" in r.metrics for p in points for r in p.runs):
+        out.append(FigureFile(
+            "off_policy_signals.png", "Entropy coefficient, critic and actor loss",
+            "Per logged point of the off-policy algorithms (SAC, TD3, TQC, CrossQ); dashed "
+            "red: the entropy coefficient's collapse threshold.",
+            figures.png_bytes(figures.off_policy_signals_figure(
+                curves("train/ent_coef"), curves("train/critic_loss"),
+                curves("train/actor_loss"), ent_coef_min=thresholds.ent_coef_min))))
     by_env = points_by_env(points)
     for env, env_points in by_env.items():
         cells = grid_cells(env_points)

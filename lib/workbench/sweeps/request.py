@@ -79,6 +79,13 @@ class Point:
         return tags
 
 
+def rollout_steps(cfg: WorkbenchConfig) -> int:
+    """The notebook's ``n_steps`` parameter for a point: PPO's and A2C's ``algo.n_steps``; 0
+    for the off-policy algorithms, which have none (the notebook then passes no
+    ``algo.n_steps``)."""
+    return int(getattr(cfg.algo, "n_steps", 0))
+
+
 def point_name(env: str, num_envs: int, n_steps: int, seed: int) -> str:
     """``<env>-ne<num_envs>-ns<n_steps>-s<seed>``: ``train``'s default run name for the point."""
     return f"{env}-ne{num_envs}-ns{n_steps}-s{seed}"
@@ -160,8 +167,8 @@ def expand_points(sweep: SweepConfig, axes: Sequence[grid.Axis], composed: DictC
             typed = typed_config(own)
             keys = tuple(values.items())
             if sweep.iso_batch is not None:
-                keys += (("algo.n_steps", typed.algo.n_steps),)
-            point = Point(typed.env.name, typed.env.num_envs, typed.algo.n_steps, seed, keys,
+                keys += (("algo.n_steps", rollout_steps(typed)),)
+            point = Point(typed.env.name, typed.env.num_envs, rollout_steps(typed), seed, keys,
                           total_timesteps=typed.total_timesteps, config_id=config_id(typed))
             if point in out.points:
                 continue

@@ -366,12 +366,12 @@ def pull_for_init(cfg: WorkbenchConfig) -> PulledBundle | None:
                           f"failed: {exc}; pin another revision") from exc
     theirs = bundle.config
     assert theirs is not None
+    ours_net, their_net = network(cfg), network(theirs)
     for key, ours_value, their_value in (
         ("env.id", cfg.env.id, theirs.env.id),
         ("env.normalize", cfg.env.normalize, theirs.env.normalize),
-        ("algo.policy.pi", list(cfg.algo.policy.pi), list(theirs.algo.policy.pi)),
-        ("algo.policy.vf", list(cfg.algo.policy.vf), list(theirs.algo.policy.vf)),
-        ("algo.policy.activation", cfg.algo.policy.activation, theirs.algo.policy.activation),
+        ("algo", cfg.algo.name, theirs.algo.name),
+        *((f"algo.policy.{k}", ours_net[k], their_net.get(k)) for k in ours_net),
     ):
         if ours_value != their_value:
             raise ConfigError(
@@ -380,6 +380,14 @@ def pull_for_init(cfg: WorkbenchConfig) -> PulledBundle | None:
             )
     print(f"init: policy from {bundle.repo_id}@{bundle.commit} ({bundle.directory})")
     return bundle
+
+
+def network(cfg: WorkbenchConfig) -> dict[str, Any]:
+    """The keys of ``algo.policy`` that decide the weights' shapes and meaning."""
+    policy: Any = cfg.algo.policy  # type: ignore[attr-defined]  # every algorithm has one
+    keys = ("pi", "vf", "qf", "activation", "n_critics", "n_quantiles")
+    return {k: (list(v) if isinstance(v, list | tuple) else v)
+            for k in keys if (v := getattr(policy, k, None)) is not None}
 
 
 def init_run_info(bundle: PulledBundle) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from workbench import config
-from workbench.config import ConfigError, Device, WorkbenchConfig
+from workbench.config import ConfigError, Device, OffPolicyConfig, WorkbenchConfig
 from workbench.envs import checks, randomization
 
 BUNDLE_FORMAT = "workbench-policy-bundle/1"
@@ -72,7 +72,11 @@ MAX_BUNDLE_BYTES = 256 << 20
 # and the SB3 zoo's (at most 64 copies, 2048-step rollouts), below what would take GiBs of
 # memory or hours: env.num_envs=3000 alone peaks at 2.2 GB.
 MAX_PULLED_NUM_ENVS = 256
-MAX_PULLED_ROLLOUT = 1 << 18  # env.num_envs * algo.n_steps samples
+MAX_PULLED_ROLLOUT = 1 << 18  # env.num_envs * algo.n_steps samples (PPO, A2C)
+# algo.buffer_size transitions (off-policy): SB3 allocates the whole buffer when it builds the
+# model; 1M (SB3's default) of Humanoid's 348 float64 observations is ~5.6 GB, so a pulled
+# config keeps the buffer small (the bundle's weights do not need it)
+MAX_PULLED_BUFFER = 1 << 20
 MAX_PULLED_LAYER = 4096  # units per hidden layer
 MAX_PULLED_LAYERS = 16
 MAX_PULLED_EPISODE_STEPS = 100_000  # env.max_episode_steps
@@ -241,8 +245,9 @@ def check_index_values(raw: Mapping[str, Any], label: str) -> None:
     for key in ("eval_mean_reward", "eval_std_reward"):
         if raw[key] is not None and not math.isfinite(raw[key]):
             raise BundleRefused(label, f"{INDEX_NAME}: {key} is not finite")
-    if raw["algo"] != "PPO":
-        raise BundleRefused(label, f"{INDEX_NAME}: algo {raw['algo']!r}; only PPO bundles exist")
+    if raw["algo"].lower() not in config.ALGORITHMS:
+        raise BundleRefused(label, f"{INDEX_NAME}: algo {raw['algo'][:50]!r}; bundles hold "
+                            f"one of {', '.join(config.ALGORITHMS)}")
     commit = raw["init_hub_commit"]
     if commit is not None and not COMMIT_SHA.fullmatch(commit):
         raise BundleRefused(label, f"{INDEX_NAME}: init_hub_commit {commit[:50]!r} is not a "
@@ -320,6 +325,9 @@ def check_config_text(text: str, index: BundleIndex, label: str,
         if cfg.env.id != index.env_id:
             raise ConfigError(f"env.id={cfg.env.id!r} but {INDEX_NAME} says "
                               f"env_id={index.env_id!r}")
+        if cfg.algo.name != index.algo.lower():
+            raise ConfigError(f"algo.name={cfg.algo.name!r} but {INDEX_NAME} says "
+                              f"algo={index.algo!r}")
         checks.check_data_env_id(cfg.env.id, allowed_modules, trust_hint)
         checks.check_env_kwargs(cfg.env.id, cfg.env.kwargs)
         randomization.check_settings("env.randomization", cfg.env.randomization, cfg.env.id)
@@ -345,12 +353,17 @@ def strings(tree: Any) -> list[str]:
 def check_pulled_config(cfg: WorkbenchConfig) -> None:
     """Bounds a pulled config must keep on top of the schema's ranges (see the MAX_PULLED_*
     constants); raises :class:`ConfigError` naming the key."""
+    a = cfg.algo
     bounds = [("env.num_envs", cfg.env.num_envs, MAX_PULLED_NUM_ENVS),
-              ("env.num_envs * algo.n_steps", cfg.env.num_envs * cfg.algo.n_steps,
+              ("env.num_envs * algo.n_steps", cfg.env.num_envs * a.steps_per_update(),
                MAX_PULLED_ROLLOUT),
               ("env.max_episode_steps", cfg.env.max_episode_steps or 0, MAX_PULLED_EPISODE_STEPS)]
-    for key in ("pi", "vf"):
-        layers = list(getattr(cfg.algo.policy, key))
+    if isinstance(a, OffPolicyConfig):
+        bounds += [("algo.buffer_size", a.buffer_size, MAX_PULLED_BUFFER)]
+    for key in ("pi", "vf", "qf"):
+        if not hasattr(a.policy, key):  # type: ignore[attr-defined]
+            continue
+        layers = list(getattr(a.policy, key))  # type: ignore[attr-defined]
         bounds += [(f"algo.policy.{key} (layers)", len(layers), MAX_PULLED_LAYERS),
                    (f"algo.policy.{key} (units per layer)", max(layers, default=0),
                     MAX_PULLED_LAYER)]

@@ -1,4 +1,4 @@
-"""SB3 callbacks that add what PPO does not record itself: timing split, entropy, evaluation,
+"""SB3 callbacks that add what SB3 does not record itself: timing split, entropy, evaluation,
 reward components, memory, and a tuning trial's clock, budget and reports.
 
 All values go through ``self.logger.record`` so they reach every logger writer (MLflow,
@@ -106,6 +106,76 @@ class IterationCallback(BaseCallback):
             # SB3 logs entropy_loss = -mean(entropy); practitioners watch the entropy itself.
             self.logger.record("train/entropy", -float(entropy_loss))  # type: ignore[arg-type]
         self.rollout_ended = None
+
+
+class OffPolicyIterationCallback(IterationCallback):
+    """The off-policy algorithms' logged points: one every ``log_every`` env steps.
+
+    SAC, TD3, TQC and CrossQ update after every ``train_freq`` steps, far too often for a
+    logged point each; SB3 itself logs every few episodes. Here the logger is dumped once
+    ``log_every`` steps have passed, right after an update, with SB3's own ``rollout/*`` and
+    ``time/*`` keys (``dump_logs``), that update's ``train/*`` values, the collection and
+    update wall seconds summed since the last point (``time/rollout_s``, ``time/update_s``)
+    and their CPU seconds (this process's: ``time.process_time``, cheap enough to read at
+    every step; subprocess envs are not in it), and any evaluation made since. Every value
+    of a point belongs to its step, so no key is dated back (``late_prefixes``).
+    """
+
+    def __init__(self, eval_env: VecEnv | None = None, every_steps: int = 0,
+                 n_episodes: int = 5, total: int = 0, log_every: int = 1000) -> None:
+        super().__init__(eval_env, every_steps, n_episodes, total)
+        self.log_every = log_every
+        self.next_log = log_every
+        self.points = 0
+        self.sums = dict.fromkeys(("rollout_s", "update_s", "rollout_cpu_s", "update_cpu_s"),
+                                  0.0)
+
+    def _on_training_start(self) -> None:
+        super()._on_training_start()
+        while self.next_log <= self.num_timesteps:  # a resumed run: the points made before
+            self.next_log += self.log_every
+            self.points += 1
+        self.cpu_mark = time.process_time()
+
+    def _on_rollout_start(self) -> None:
+        now, cpu = time.perf_counter(), time.process_time()
+        if self.rollout_ended is not None:  # an update ran since the last rollout's end
+            self.sums["update_s"] += now - self.rollout_ended
+            self.sums["update_cpu_s"] += cpu - self.cpu_mark
+            self.rollout_ended = None
+        if self.num_timesteps >= self.next_log:
+            self._dump()
+        self.rollout_started, self.cpu_mark = time.perf_counter(), time.process_time()
+
+    def _on_rollout_end(self) -> None:
+        now, cpu = time.perf_counter(), time.process_time()
+        self.sums["rollout_s"] += now - self.rollout_started
+        self.sums["rollout_cpu_s"] += cpu - self.cpu_mark
+        if self.eval_env is not None and self._eval_due():
+            mean, std = evaluate(self.model, self.training_env, self.eval_env, self.n_episodes)
+            self.logger.record("eval/mean_reward", mean)
+            self.logger.record("eval/std_reward", std)
+            self.logger.record("time/eval_s", time.perf_counter() - now)
+        self.rollout_ended, self.cpu_mark = time.perf_counter(), time.process_time()
+
+    def _on_training_end(self) -> None:
+        if self.num_timesteps < self.total:
+            return  # stopped: a resume continues from the last snapshot and logs from there
+        if self.rollout_ended is not None:
+            self.sums["update_s"] += time.perf_counter() - self.rollout_ended
+            self.sums["update_cpu_s"] += time.process_time() - self.cpu_mark
+            self.rollout_ended = None
+        self._dump()
+
+    def _dump(self) -> None:
+        while self.next_log <= self.num_timesteps:
+            self.next_log += self.log_every
+        self.points += 1
+        for key, value in self.sums.items():
+            self.logger.record(f"time/{key}", value)
+        self.sums = dict.fromkeys(self.sums, 0.0)
+        self.logger.record("time/iterations", self.points)
+        self.model.dump_logs()  # type: ignore[attr-defined]  # SB3's keys, then the dump
 
 
 def evaluate(

@@ -36,6 +36,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ from workbench.tracking import runs
 from workbench.tracking.outbox import DeliveryClient
 from workbench.training.faults import Interruption
 from workbench.training.model import build_model
-from workbench.training.snapshot import capture, is_restorable
+from workbench.training.snapshot import capture, is_restorable, materialize
 
 FORMAT = "workbench-checkpoint/1"
 ARRAYS_FILE = "arrays.safetensors"
@@ -267,23 +268,18 @@ def shape_pairs(state: dict[str, Any], cfg: WorkbenchConfig) -> list[tuple[str, 
 
     venv = DummyVecEnv([lambda: make_env(EnvSpec.from_config(cfg))])
     try:  # a one-env copy of the network on the CPU: its parameter shapes, nothing trained
-        net = build_model(cfg, venv, device="cpu").policy
+        model = build_model(cfg, venv, device="cpu")
         obs = tuple(venv.observation_space.shape or ())
     finally:
         venv.close()
+    net = model.policy
     weights, policy, n = net.state_dict(), as_mapping(state.get("policy")), cfg.env.num_envs
     pairs: list[tuple[str, Shape, Shape]] = [
         (f"policy/{name}", tuple(w.shape), shape_of(policy.get(name)))
         for name, w in weights.items()]
     pairs += [(f"policy/{name}", None, shape_of(policy[name]))  # a tensor the net has not
               for name in sorted(set(policy) - set(weights), key=str)]
-    # Adam's state is keyed by the parameter's index in policy.parameters() (its one group)
-    moments = as_mapping(as_mapping(state.get("optimizer")).get("state"))
-    for index, (name, p) in enumerate(net.named_parameters()):
-        for moment in ("exp_avg", "exp_avg_sq"):
-            if index in moments:
-                found = shape_of(as_mapping(moments[index]).get(moment))
-                pairs.append((f"optimizer/{name}/{moment}", tuple(p.shape), found))
+    pairs += optimizer_pairs(model, state.get("optimizer"))
     pairs += [("last_obs", (n, *obs), shape_of(state.get("last_obs"))),
               ("last_episode_starts", (n,), shape_of(state.get("last_episode_starts")))]
     norm = state.get("vecnormalize")
@@ -292,6 +288,35 @@ def shape_pairs(state: dict[str, Any], cfg: WorkbenchConfig) -> list[tuple[str, 
         pairs += [(f"vecnormalize/{key}", obs, shape_of(norm.get(key)))
                   for key in ("obs_mean", "obs_var")]
         pairs += [("vecnormalize/returns", (n,), shape_of(norm.get("returns")))]
+    return pairs
+
+
+# The per-parameter state each optimizer keeps (besides its scalar step count).
+MOMENTS = {"Adam": ("exp_avg", "exp_avg_sq"), "RMSprop": ("square_avg",)}
+
+
+def optimizer_pairs(model: Any, saved: Any) -> list[tuple[str, Shape, Shape]]:
+    """The optimizers' moments against their parameters' shapes: PPO's and A2C's one
+    optimizer (``optimizer/<param>/<moment>``), the off-policy algorithms' by name
+    (``optimizer/actor.optimizer/<param>/<moment>``, as snapshot.optimizer_states keeps
+    them). An optimizer's state is keyed by the parameter's index in its param groups."""
+    names = {id(p): name for name, p in model.policy.named_parameters()}
+    held = [name for name in model._get_torch_save_params()[0] if name != "policy"]
+    on_policy = held == ["policy.optimizer"]
+    pairs: list[tuple[str, Shape, Shape]] = []
+    for held_name in held:
+        optimizer = attrgetter(held_name)(model)
+        label = "optimizer" if on_policy else f"optimizer/{held_name}"
+        state = as_mapping(saved) if on_policy else as_mapping(as_mapping(saved).get(held_name))
+        moments = as_mapping(state.get("state"))
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        for index, param in enumerate(params):
+            if index not in moments:
+                continue
+            for moment in MOMENTS.get(type(optimizer).__name__, ()):
+                found = shape_of(as_mapping(moments[index]).get(moment))
+                pairs.append((f"{label}/{names.get(id(param), index)}/{moment}",
+                              tuple(param.shape), found))
     return pairs
 
 
@@ -356,9 +381,10 @@ def download(client: MlflowClient, run_id: str, stored: StoredCheckpoint, dst: P
 class RecoveryCallback(BaseCallback):
     """What a run needs to survive its process: snapshots, checkpoints, heartbeat, stop.
 
-    - At every iteration boundary: an in-memory snapshot (:func:`capture`); written as a
-      checkpoint when ``every_steps`` have passed since the last due point, keeping the
-      newest ``keep_last`` in the store.
+    - At every iteration boundary (off-policy: every ``capture_every`` steps and when a
+      checkpoint is due): an in-memory snapshot (:func:`capture`); written as a checkpoint
+      when ``every_steps`` have passed since the last due point, keeping the newest
+      ``keep_last`` in the store.
     - After every environment step: a stop requested by :class:`Interruption` ends
       the rollout (the step in flight completes first); at most every
       ``runs.HEARTBEAT_INTERVAL_S`` seconds the run's heartbeat tag is refreshed.
@@ -380,6 +406,8 @@ class RecoveryCallback(BaseCallback):
         keep_last: int,
         interruption: Interruption,
         existing_steps: Sequence[int] = (),
+        capture_every: int = 0,
+        keep_buffer: bool = True,
     ) -> None:
         super().__init__()
         self.client = client
@@ -397,6 +425,9 @@ class RecoveryCallback(BaseCallback):
         self.save_times_s: list[float] = []
         self.last_size_bytes = 0
         self.restorable = is_restorable(train_env)
+        self.capture_every = capture_every  # 0: at every iteration boundary
+        self.next_capture = 0
+        self.keep_buffer = keep_buffer  # off-policy: checkpoints carry the replay buffer
 
     @property
     def last_saved(self) -> str | None:
@@ -409,8 +440,12 @@ class RecoveryCallback(BaseCallback):
         self.heartbeat(force=True)
 
     def _on_rollout_start(self) -> None:
+        due = self.every_steps > 0 and self.num_timesteps >= self.next_due
+        if self.capture_every and not due and self.num_timesteps < self.next_capture:
+            return  # off-policy: a boundary every train_freq steps, a snapshot less often
+        self.next_capture = self.num_timesteps + self.capture_every
         self.snapshot = capture(self.model, self.train_env, self.eval_env, self.restorable)
-        if self.every_steps > 0 and self.num_timesteps >= self.next_due:
+        if due:
             while self.next_due <= self.num_timesteps:
                 self.next_due += self.every_steps
             self.save()
@@ -442,7 +477,7 @@ class RecoveryCallback(BaseCallback):
         path = checkpoint_path(step)
         with tempfile.TemporaryDirectory(prefix="workbench-ckpt-") as tmp:
             folder = Path(tmp) / "data"
-            write_files(folder, self.snapshot, self.config_yaml)
+            write_files(folder, materialize(self.snapshot, self.keep_buffer), self.config_yaml)
             state_file = folder / STATE_FILE
             committed = Path(tmp) / STATE_FILE
             state_file.rename(committed)

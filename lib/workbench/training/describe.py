@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
+import workbench.training.algorithms as algorithms
 from workbench import config, paths
-from workbench.config import Derived, WorkbenchConfig
+from workbench.config import Derived, OffPolicyConfig, PPOConfig, WorkbenchConfig
 from workbench.envs.calibration import VecEnvChoice
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import source_tags
@@ -27,15 +28,27 @@ MEASURED_TASKS = ("halfcheetah", "hopper", "inverted_pendulum")
 def untested_defaults_note(cfg: WorkbenchConfig) -> str | None:
     """The header's warning for a task the shipped defaults were not measured on (none for a
     preset, e.g. ``experiment=zoo_<task>``, whose values come from elsewhere)."""
-    if cfg.experiment_name or cfg.env.name in MEASURED_TASKS:
+    if cfg.experiment_name or cfg.algo.name != "ppo" and not zoo_preset(cfg):
+        return None
+    if cfg.algo.name != "ppo":
+        return (f"algo={cfg.algo.name} runs its library's defaults; rl-baselines3-zoo's tuned "
+                f"values: experiment={zoo_preset(cfg)}")
+    if cfg.env.name in MEASURED_TASKS:
         return None
     note = (f"the shipped defaults are untested on {cfg.env.name} (measured on "
             f"{', '.join(MEASURED_TASKS[:-1])} and {MEASURED_TASKS[-1]} only, "
             "docs/benchmarks.md)")
-    zoo = f"zoo_{cfg.env.name}"
-    if (paths.project_root() / "conf" / "experiment" / f"{zoo}.yaml").is_file():
+    if zoo := zoo_preset(cfg):
         note += f"; rl-baselines3-zoo's tuned values: experiment={zoo}"
     return note
+
+
+def zoo_preset(cfg: WorkbenchConfig) -> str | None:
+    """The ``experiment=zoo_[<algo>_]<task>`` preset of the run's algorithm and task, if any."""
+    algo = "" if cfg.algo.name == "ppo" else f"{cfg.algo.name}_"
+    zoo = f"zoo_{algo}{cfg.env.name}"
+    return zoo if (paths.project_root() / "conf" / "experiment" / f"{zoo}.yaml").is_file() \
+        else None
 
 
 def checkpoint_plan(cfg: WorkbenchConfig) -> str:
@@ -47,8 +60,13 @@ def checkpoint_plan(cfg: WorkbenchConfig) -> str:
 
 
 def default_run_name(cfg: WorkbenchConfig) -> str:
-    """``<env>-ne<num_envs>-ns<n_steps>-s<seed>``, e.g. ``halfcheetah-ne8-ns256-s0``."""
-    return f"{cfg.env.name}-ne{cfg.env.num_envs}-ns{cfg.algo.n_steps}-s{cfg.seed}"
+    """``<env>-ne<num_envs>-ns<n_steps>-s<seed>``, e.g. ``halfcheetah-ne8-ns256-s0``; other
+    algorithms than PPO lead with their name and give train_freq, not n_steps:
+    ``halfcheetah-sac-ne1-tf1-s0``, ``hopper-a2c-ne8-ns5-s0``."""
+    a = cfg.algo
+    algo = "" if a.name == "ppo" else f"-{a.name}"
+    rollout = f"tf{a.steps_per_update()}" if a.off_policy else f"ns{a.steps_per_update()}"
+    return f"{cfg.env.name}{algo}-ne{cfg.env.num_envs}-{rollout}-s{cfg.seed}"
 
 
 def run_tags_for(cfg: WorkbenchConfig) -> dict[str, str]:
@@ -58,7 +76,8 @@ def run_tags_for(cfg: WorkbenchConfig) -> dict[str, str]:
         "env_id": cfg.env.id,
         "algo": cfg.algo.name,
         "num_envs": str(cfg.env.num_envs),
-        "n_steps": str(cfg.algo.n_steps),
+        # steps per env between updates (PPO/A2C: n_steps, off-policy: train_freq)
+        "n_steps": str(cfg.algo.steps_per_update()),
         "seed": str(cfg.seed),
         # the seed-free configuration id: MLflow groups the seeds of one config by it
         config.CONFIG_ID_TAG: config.config_id(cfg),
@@ -82,11 +101,25 @@ def run_description(cfg: WorkbenchConfig) -> str:
     """One sentence saying what the run trains, shown as its description in MLflow's UI."""
     a, e = cfg.algo, cfg.env
     preset = f"; preset {cfg.experiment_name}" if cfg.experiment_name else ""
-    return (
-        f"PPO on {e.id}: {e.num_envs} envs x {a.n_steps} steps = {e.num_envs * a.n_steps} "
-        f"samples per update (minibatch {a.batch_size}, {a.n_epochs} epochs, lr "
-        f"{a.learning_rate:g}), {cfg.total_timesteps} env steps, seed {cfg.seed}{preset}."
-    )
+    label = algorithms.algorithm(a).label
+    return (f"{label} on {e.id}: {update_plan(cfg)}, lr {a.learning_rate:g}; "
+            f"{cfg.total_timesteps} env steps, seed {cfg.seed}{preset}.")
+
+
+def update_plan(cfg: WorkbenchConfig) -> str:
+    """What one update sees: PPO's rollout and minibatches, A2C's rollout, an off-policy
+    algorithm's collection, gradient steps and replay buffer."""
+    a, n = cfg.algo, cfg.env.num_envs
+    rollout = n * a.steps_per_update()
+    if isinstance(a, PPOConfig):
+        return (f"{n} envs x {a.n_steps} steps = {rollout} samples per update (minibatch "
+                f"{a.batch_size}, {a.n_epochs} epochs)")
+    if isinstance(a, OffPolicyConfig):
+        steps = f"{a.gradient_steps} gradient step{'s' if a.gradient_steps != 1 else ''}"
+        return (f"{n} envs x {a.train_freq} steps = {rollout} transitions, then {steps} of "
+                f"{a.batch_size} from a replay buffer of {a.buffer_size} (updates from step "
+                f"{a.learning_starts})")
+    return f"{n} envs x {a.steps_per_update()} steps = {rollout} samples per gradient step"
 
 
 def run_params(cfg: WorkbenchConfig, derived: Derived, threads: int) -> dict[str, Any]:
@@ -98,6 +131,7 @@ def run_params(cfg: WorkbenchConfig, derived: Derived, threads: int) -> dict[str
             "derived.minibatches_per_epoch": derived.minibatches_per_epoch,
             "derived.gradient_steps_per_iteration": derived.gradient_steps_per_iteration,
             "derived.iterations": derived.iterations,
+            "derived.log_every_steps": derived.log_every_steps,
             "derived.env_seeds": derived.env_seeds,
             "derived.torch_threads": threads,
         }
@@ -126,14 +160,41 @@ def header_lines(
         f"{normalize}, seeds {derived.env_seeds[0]}"
         f"..{derived.env_seeds[-1]}"
         + (f" ({vec_choice.reason})" if vec_choice and cfg.env.vec_env == "auto" else ""),
-        "rollout": f"{derived.rollout_size} samples = {cfg.env.num_envs} envs x "
-        f"{cfg.algo.n_steps} steps; {derived.minibatches_per_epoch} minibatches of "
-        f"{cfg.algo.batch_size} x {cfg.algo.n_epochs} epochs",
-        "budget": f"{cfg.total_timesteps} steps = {derived.iterations} iterations",
+        "algorithm": f"{algorithms.algorithm(cfg.algo).label}: {update_plan(cfg)}",
+        **({"replay buffer": buffer_line(cfg, model)}
+           if isinstance(cfg.algo, OffPolicyConfig) else {}),
+        "budget": f"{cfg.total_timesteps} steps = {derived.iterations} iterations"
+        + (f" of {derived.log_every_steps} steps" if cfg.algo.off_policy else ""),
         "device": f"{model.device} (torch threads {threads}; GPU: {cuda})",
         "tracking": f"{redact_uri(uri)}  experiment {cfg.tracking.experiment!r}",
         "run": f"{run_name}  ({run_id})",
         **({"artifacts": redact_uri(artifact_uri)} if artifact_uri else {}),
         "checkpoints": checkpoint_plan(cfg),
         **({"note": note} if (note := untested_defaults_note(cfg)) else {}),
+        **({"replay ratio": ratio} if (ratio := replay_ratio_note(cfg)) else {}),
     }
+
+
+def replay_ratio_note(cfg: WorkbenchConfig) -> str | None:
+    """An off-policy run with several envs makes fewer gradient steps per transition than the
+    library's one-env defaults assume; the header says so, with the two ways back."""
+    a, n = cfg.algo, cfg.env.num_envs
+    if not isinstance(a, OffPolicyConfig) or n * a.train_freq <= a.gradient_steps:
+        return None
+    per = n * a.train_freq / a.gradient_steps
+    return (f"{per:g} transitions per gradient step (the library's defaults assume 1 env: "
+            f"{a.train_freq / a.gradient_steps:g}); for its ratio set env.num_envs=1 or "
+            f"algo.gradient_steps={n * a.gradient_steps}")
+
+
+def buffer_line(cfg: WorkbenchConfig, model: Any) -> str:
+    """The replay buffer's size in memory, and whether each checkpoint carries it (on disk:
+    up to the same size, its filled part)."""
+    a = cfg.algo
+    assert isinstance(a, OffPolicyConfig)
+    size = algorithms.replay_buffer_bytes(a, model.observation_space, model.action_space)
+    limit = cfg.checkpoint.replay_buffer_max_mb
+    kept = (f"in each checkpoint, up to {size / 2**20:.0f} MiB on disk" if size <= limit * 2**20
+            else f"not in checkpoints (over checkpoint.replay_buffer_max_mb={limit}): a "
+                 "resume refills it")
+    return f"{a.buffer_size} transitions, {size / 2**20:.0f} MiB in memory; {kept}"

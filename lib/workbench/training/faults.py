@@ -33,7 +33,8 @@ from workbench.envs.guards import NonFiniteError
 # Loss and diagnostic keys SB3's PPO records after each update.
 UPDATE_KEYS = (
     "train/loss", "train/value_loss", "train/policy_gradient_loss", "train/entropy_loss",
-    "train/approx_kl", "train/std",
+    "train/approx_kl", "train/std", "train/policy_loss",  # PPO, A2C
+    "train/actor_loss", "train/critic_loss", "train/ent_coef", "train/ent_coef_loss",  # off-policy
 )
 
 
@@ -163,31 +164,35 @@ def interrupt_reason(exc: BaseException) -> str:
     return f"interrupted: KeyboardInterrupt{': ' + text if text else ''}"
 
 
-# --------------------------------------------------------------------------- PPO updates
+# --------------------------------------------------------------------------- updates
 
 
 class UpdateCheck(BaseCallback):
-    """Stops training when a PPO update produced non-finite losses or parameters.
+    """Stops training when an update produced non-finite losses or parameters.
 
     SB3 records the update's losses in the logger; they are read before the next rollout
     starts (and at training end), i.e. before a NaN policy could act. Put it first in the
-    callback list, before anything that dumps the logger.
+    callback list, before anything that dumps the logger. The off-policy algorithms update
+    after every few steps: their parameters are scanned every ``params_every`` updates (a
+    non-finite parameter shows in the losses of the update that made it anyway).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, params_every: int = 1) -> None:
         super().__init__()
         self.checked_updates = 0
+        self.params_every = params_every
+        self.params_checked = 0
 
     def _on_rollout_start(self) -> None:
         self.check()
 
     def _on_training_end(self) -> None:
-        self.check()
+        self.check(every_parameter=True)
 
     def _on_step(self) -> bool:
         return True
 
-    def check(self) -> None:
+    def check(self, every_parameter: bool = False) -> None:
         """Raise :class:`NonFiniteError` if the latest update went non-finite."""
         updates = int(getattr(self.model, "_n_updates", 0))
         if updates == self.checked_updates:
@@ -200,15 +205,20 @@ class UpdateCheck(BaseCallback):
         ]
         if bad:
             raise NonFiniteError(
-                f"non-finite {', '.join(bad)} in the PPO update after step "
+                f"non-finite {', '.join(bad)} in the update after step "
                 f"{self.num_timesteps}: lower algo.learning_rate or check the scale of "
                 "rewards and observations (env.normalize=true)"
             )
+        due = updates - self.params_checked >= self.params_every or not self.params_checked
+        if not (due or every_parameter):
+            return
+        self.params_checked = updates
         for name, param in self.model.policy.named_parameters():
             if not torch.isfinite(param).all():
                 raise NonFiniteError(
-                    f"non-finite policy parameter {name} after the PPO update at step "
-                    f"{self.num_timesteps}: lower algo.learning_rate or algo.max_grad_norm"
+                    f"non-finite policy parameter {name} after the update at step "
+                    f"{self.num_timesteps}: lower algo.learning_rate (PPO/A2C: or "
+                    "algo.max_grad_norm)"
                 )
 
 

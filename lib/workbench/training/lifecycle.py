@@ -172,22 +172,29 @@ class TrainingRun:
         return model
 
     def checkpoints(self, cfg: WorkbenchConfig, train_env: VecEnv, eval_env: VecEnv,
-                    existing_steps: Sequence[int] = ()) -> RecoveryCallback:
-        """The callback that snapshots, checkpoints, heartbeats and stops on request."""
+                    existing_steps: Sequence[int] = (), *, capture_every: int = 0,
+                    keep_buffer: bool = True) -> RecoveryCallback:
+        """The callback that snapshots, checkpoints, heartbeats and stops on request
+        (off-policy: a snapshot every ``capture_every`` steps, the replay buffer in the
+        checkpoints with ``keep_buffer``)."""
         self.recovery = RecoveryCallback(
             self.client, self.run_id, self.config_yaml, train_env, eval_env,
             every_steps=cfg.checkpoint.every_steps, keep_last=cfg.checkpoint.keep_last,
             interruption=self.interruption, existing_steps=existing_steps,
+            capture_every=capture_every, keep_buffer=keep_buffer,
         )
         return self.recovery
 
     def learn(self, model: Any, total_timesteps: int, callbacks: Sequence[BaseCallback],
-              *, resumed: bool) -> None:
+              *, resumed: bool, off_policy: bool = False) -> None:
         """``model.learn`` up to ``total_timesteps``; the first SIGINT/SIGTERM stops it after
-        the current step (then :class:`TrainingInterrupted` is raised), a second at once."""
+        the current step (then :class:`TrainingInterrupted` is raised), a second at once.
+        PPO and A2C dump their logs every iteration; the off-policy algorithms' logged points
+        are the callbacks' (:class:`workbench.training.callbacks.OffPolicyIterationCallback`)."""
         with self.interruption.installed():
             model.learn(total_timesteps - model.num_timesteps, callback=list(callbacks),
-                        log_interval=1, reset_num_timesteps=not resumed)
+                        log_interval=None if off_policy else 1,
+                        reset_num_timesteps=not resumed)
         if self.interruption.requested:
             raise self.interruption.error(f" at step {model.num_timesteps}")
 

@@ -1,5 +1,6 @@
-"""The SB3 PPO model of a run: built from the config, saved with what inference needs, and
-loaded back without executing code from the file.
+"""The SB3 model of a run (any algorithm of :mod:`workbench.training.algorithms`): built from
+the config, saved with what inference needs, and loaded back without executing code from the
+file.
 
 A saved model is weights + normalization statistics + resolved config + manifest
 (``model/`` in the run's artifacts). :class:`PolicySource` is a trained policy together with
@@ -20,73 +21,30 @@ from typing import Any
 import numpy as np
 import torch
 from mlflow.tracking import MlflowClient
-from stable_baselines3 import PPO
-from stable_baselines3.common.utils import LinearSchedule
+from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
+import workbench.training.algorithms as algorithms
 from workbench import config
-from workbench.config import Schedule, WorkbenchConfig
+from workbench.config import WorkbenchConfig
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_eval_env
 from workbench.tracking import manifest
 from workbench.tracking.redaction import scrub_yaml
 
 CONFIG_FILE = "config.yaml"
-ACTIVATIONS = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU, "elu": torch.nn.ELU}
 
 
-def build_model(cfg: WorkbenchConfig, train_env: VecEnv, device: str | None = None) -> PPO:
-    """SB3 PPO with the configured hyperparameters, network and exploration (every key of
-    ``algo.*`` is one of PPO's constructor arguments or of its ``MlpPolicy``'s), on
-    ``device`` when given (a torch device string), else on the configured one."""
-    a, p = cfg.algo, cfg.algo.policy
-    policy_kwargs: dict[str, Any] = {
-        "net_arch": {"pi": list(p.pi), "vf": list(p.vf)},
-        "activation_fn": ACTIVATIONS[p.activation],
-        "log_std_init": p.log_std_init,
-        "ortho_init": p.ortho_init,
-        "share_features_extractor": p.share_features_extractor,
-    }
-    if a.use_sde:  # SB3 accepts these only with gSDE
-        policy_kwargs.update(full_std=p.full_std, squash_output=p.squash_output,
-                             use_expln=p.use_expln)
-    return PPO(
-        "MlpPolicy",
-        train_env,
-        learning_rate=scheduled(a.learning_rate, a.lr_schedule),
-        n_steps=a.n_steps,
-        batch_size=a.batch_size,
-        n_epochs=a.n_epochs,
-        gamma=a.gamma,
-        gae_lambda=a.gae_lambda,
-        clip_range=scheduled(a.clip_range, a.clip_range_schedule),
-        clip_range_vf=a.clip_range_vf,
-        ent_coef=a.ent_coef,
-        vf_coef=a.vf_coef,
-        max_grad_norm=a.max_grad_norm,
-        target_kl=a.target_kl,
-        normalize_advantage=a.normalize_advantage,
-        use_sde=a.use_sde,
-        sde_sample_freq=a.sde_sample_freq,
-        stats_window_size=a.stats_window_size,
-        policy_kwargs=policy_kwargs,
-        seed=cfg.seed,
-        device=device or str(cfg.device),
-        verbose=0,
-    )
-
-
-def scheduled(value: float, schedule: Schedule) -> Any:
-    """``value`` itself, or SB3's linear schedule from ``value`` to 0 over training (the zoo's
-    ``lin_<value>``: SB3 calls it with the remaining progress, 1 -> 0)."""
-    if schedule == Schedule.linear:
-        return LinearSchedule(value, 0.0, 1.0)
-    return value
+def build_model(cfg: WorkbenchConfig, train_env: VecEnv, device: str | None = None
+                ) -> BaseAlgorithm:
+    """The configured algorithm (PPO, A2C, SAC, TD3, TQC or CrossQ) on ``train_env``, on
+    ``device`` when given, else on the configured one (:mod:`workbench.training.algorithms`)."""
+    return algorithms.build(cfg, train_env, device)
 
 
 def save_model(
-    client: MlflowClient, run_id: str, cfg: WorkbenchConfig, model: PPO, train_env: VecEnv,
-    run_manifest: Mapping[str, Any] | None = None,
+    client: MlflowClient, run_id: str, cfg: WorkbenchConfig, model: BaseAlgorithm,
+    train_env: VecEnv, run_manifest: Mapping[str, Any] | None = None,
 ) -> None:
     """Log ``model/``: weights (model.zip), normalization stats, resolved config, manifest."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -110,7 +68,7 @@ class UnsafeLoadError(ValueError):
 
 def load_model(model_zip: str | Path, env: VecEnv | None = None, *, allow_pickle: bool = False,
                device: str = "cpu") -> Any:
-    """Load an SB3 PPO ``model.zip`` without executing code from the file.
+    """Load an SB3 ``model.zip`` without executing code from the file.
 
     SB3's own loader unpickles some entries of ``model.zip`` (spaces, schedules,
     ``policy_kwargs``) with cloudpickle, which runs arbitrary code. Unless ``allow_pickle=True``
@@ -121,7 +79,8 @@ def load_model(model_zip: str | Path, env: VecEnv | None = None, *, allow_pickle
     """
     model_zip = Path(model_zip)
     if allow_pickle:
-        return PPO.load(model_zip, env=env, device=device)
+        cls = algorithms.algorithm(_stored_algo(model_zip)).cls
+        return cls.load(model_zip, env=env, device=device)
     config_path = model_zip.parent / CONFIG_FILE
     if not config_path.exists():
         raise UnsafeLoadError(
@@ -139,6 +98,15 @@ def load_model(model_zip: str | Path, env: VecEnv | None = None, *, allow_pickle
     if isinstance(data.get("num_timesteps"), int):
         model.num_timesteps = data["num_timesteps"]
     return model
+
+
+def _stored_algo(model_zip: Path) -> str:
+    """``algo.name`` of the ``config.yaml`` beside a ``model.zip`` (PPO when there is none:
+    files written before other algorithms existed)."""
+    config_path = model_zip.parent / CONFIG_FILE
+    if not config_path.exists():
+        return "ppo"
+    return config.from_yaml(config_path.read_text()).algo.name
 
 
 def load_vecnormalize(path: str | Path, venv: VecEnv, *, allow_pickle: bool = False) -> VecEnv:
@@ -159,7 +127,7 @@ def load_vecnormalize(path: str | Path, venv: VecEnv, *, allow_pickle: bool = Fa
 class PolicySource:
     """A trained policy with what inference needs: the SB3 model, its normalization, the env."""
 
-    model: PPO
+    model: BaseAlgorithm
     vecnormalize: VecNormalize | None  # frozen statistics (training=False); None: raw obs
     config: WorkbenchConfig
     eval_mean_reward: float | None  # the training log's final evaluation, for the replay

@@ -1,7 +1,8 @@
-"""What training prints while it runs: a line per PPO iteration and a progress bar.
+"""What training prints while it runs: a line per iteration and a progress bar.
 
 A bare progress bar is not enough to debug RL: each iteration line shows reward, entropy, KL,
-clip fraction and the rollout/update time split. Both are SB3 extension points (a logger
+clip fraction (off-policy: entropy coefficient, critic and actor loss) and the rollout/update
+time split. Both are SB3 extension points (a logger
 ``KVWriter`` and a callback), so they see exactly what MLflow receives.
 """
 
@@ -24,6 +25,9 @@ LINE_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("train/entropy", "ent", "{:.3f}"),
     ("train/approx_kl", "kl", "{:.4f}"),
     ("train/clip_fraction", "clip", "{:.3f}"),
+    ("train/ent_coef", "alpha", "{:.3g}"),  # SAC, TQC, CrossQ
+    ("train/critic_loss", "critic", "{:.3g}"),  # the off-policy algorithms
+    ("train/actor_loss", "actor", "{:.3g}"),
     ("time/fps", "fps", "{:.0f}"),
     ("time/rollout_s", "roll", "{:.2f}s"),
     ("time/update_s", "upd", "{:.2f}s"),
@@ -31,7 +35,7 @@ LINE_FIELDS: tuple[tuple[str, str, str], ...] = (
 
 
 class ConsoleWriter(KVWriter):
-    """SB3 logger output printing one concise line per PPO iteration (above the progress bar).
+    """SB3 logger output printing one concise line per iteration (above the progress bar).
 
     SB3 dumps the logger after a rollout and before that iteration's update, so the update's
     ``train/*`` and ``time/update_s`` values arrive with the next dump (or the closing dump at
@@ -39,8 +43,9 @@ class ConsoleWriter(KVWriter):
     KL and clip fraction included, is iteration k's (as :class:`MlflowWriter` dates them).
     """
 
-    def __init__(self, total_iterations: int) -> None:
+    def __init__(self, total_iterations: int, late: tuple[str, ...] = LATE_PREFIXES) -> None:
         self.total_iterations = total_iterations
+        self.late = late  # keys that arrive one dump late (none off-policy)
         self.pending: dict[str, Any] | None = None  # iteration k's own values, awaiting update k
         self.pending_step = 0
 
@@ -50,7 +55,7 @@ class ConsoleWriter(KVWriter):
         key_excluded: dict[str, tuple[str, ...]],
         step: int = 0,
     ) -> None:
-        update = {k: v for k, v in key_values.items() if k.startswith(LATE_PREFIXES)}
+        update = {k: v for k, v in key_values.items() if self.late and k.startswith(self.late)}
         if self.pending is not None:
             self.print_line({**self.pending, **update}, self.pending_step)
             self.pending = None

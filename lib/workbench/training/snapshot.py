@@ -1,10 +1,13 @@
-"""The complete training state at a PPO iteration boundary, captured in memory and restored.
+"""The complete training state at an iteration boundary, captured in memory and restored.
 
 What decides what happens next, so that a resumed run logs exactly what the uninterrupted run
-would have: policy weights and Adam state, ``num_timesteps`` and the update count, the global
-RNG states, every training env copy's simulator state (:mod:`workbench.envs.simstate`), PPO's
-last observation and episode-start flags, the episode statistics window, ``VecNormalize``
+would have: policy weights and optimizer states, ``num_timesteps`` and the update count, the
+global RNG states, every training env copy's simulator state (:mod:`workbench.envs.simstate`),
+the last observation and episode-start flags, the episode statistics window, ``VecNormalize``
 statistics, the evaluation env's RNG, and the logger values recorded but not yet written.
+The off-policy algorithms add their other optimizers and variables (SAC's learned entropy
+coefficient), the unnormalized last observation and the replay buffer: its fill position is
+taken at capture and its filled part when the snapshot is written (:func:`materialize`).
 :mod:`workbench.training.checkpoint` writes snapshots to the run's artifacts.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 import random
 import sys
 from collections import deque
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -35,13 +39,17 @@ def capture(model: Any, train_env: VecEnv, eval_env: VecEnv | None,
     if restorable is None:
         restorable = is_restorable(train_env)
     buffer_len = getattr(model.ep_info_buffer, "maxlen", None)
+    off_policy = hasattr(model, "replay_buffer")
     return {
         "num_timesteps": int(model.num_timesteps),
         "n_updates": int(model._n_updates),
         "episode_num": int(model._episode_num),
-        "iterations": int(model.num_timesteps // (model.n_envs * model.n_steps)),
+        # SB3's iteration count (the off-policy logged points count themselves)
+        "iterations": 0 if off_policy else int(model.num_timesteps // (model.n_envs
+                                                                      * model.n_steps)),
         "policy": {k: v.detach().clone() for k, v in model.policy.state_dict().items()},
-        "optimizer": clone_tree(model.policy.optimizer.state_dict()),
+        "optimizer": clone_tree(optimizer_states(model)),
+        **(off_policy_state(model) if off_policy else {}),
         "rng": rng_states(),
         "exact": restorable,
         "envs": envs_state,
@@ -54,6 +62,88 @@ def capture(model: Any, train_env: VecEnv, eval_env: VecEnv | None,
         "eval_env": eval_env_state(eval_env),
         "logger": logger_state(model.logger),
     }
+
+
+def optimizer_states(model: Any) -> dict[str, Any]:
+    """PPO's and A2C's one optimizer state; the off-policy algorithms' optimizers by their
+    attribute (``actor.optimizer``, ``critic.optimizer``, ``ent_coef_optimizer``), as SB3's
+    own ``save`` names them."""
+    names = [name for name in model._get_torch_save_params()[0] if name != "policy"]
+    if names == ["policy.optimizer"]:
+        return model.policy.optimizer.state_dict()  # type: ignore[no-any-return]
+    return {name: attrgetter(name)(model).state_dict() for name in names}
+
+
+def set_optimizer_states(model: Any, states: dict[str, Any]) -> None:
+    """Inverse of :func:`optimizer_states`."""
+    names = [name for name in model._get_torch_save_params()[0] if name != "policy"]
+    if names == ["policy.optimizer"]:
+        model.policy.optimizer.load_state_dict(states)
+        return
+    for name in names:
+        attrgetter(name)(model).load_state_dict(states[name])
+
+
+# The replay buffer's per-transition arrays (next_observations is None with
+# optimize_memory_usage, which the workbench does not use).
+BUFFER_ARRAYS = ("observations", "next_observations", "actions", "rewards", "dones", "timeouts")
+
+
+def off_policy_state(model: Any) -> dict[str, Any]:
+    """What an off-policy algorithm adds: torch variables (SAC's ``log_ent_coef``), the last
+    unnormalized observation, and the replay buffer by reference (:func:`materialize`)."""
+    variables = {name: attrgetter(name)(model).detach().clone()
+                 for name in model._get_torch_save_params()[1]}
+    original = getattr(model, "_last_original_obs", None)
+    buffer = model.replay_buffer
+    return {
+        "variables": variables,
+        # the random actions before learning_starts come from the action space's own RNG
+        "action_space_rng": model.action_space.np_random.bit_generator.state,
+        "last_original_obs": None if original is None else np.array(original, copy=True),
+        "replay_buffer": {"pos": int(buffer.pos), "full": bool(buffer.full), "live": buffer},
+    }
+
+
+def materialize(state: dict[str, Any], keep_buffer: bool = True) -> dict[str, Any]:
+    """``state`` ready to write: the replay buffer's filled part as arrays (none without
+    ``keep_buffer``: ``checkpoint.replay_buffer_max_mb``). Entries before the captured
+    position do not change until the buffer wraps around, so a snapshot written when it was
+    taken is exact; one written later, after a stop, with a full buffer holds up to the
+    steps since the capture of newer transitions in place of the oldest."""
+    buffer = state.get("replay_buffer")
+    if not isinstance(buffer, dict) or "live" not in buffer:
+        return state
+    live = buffer["live"]
+    end = live.buffer_size if buffer["full"] else buffer["pos"]
+    arrays = {} if not keep_buffer else {
+        name: getattr(live, name)[:end] for name in BUFFER_ARRAYS
+        if getattr(live, name, None) is not None}
+    return {**state, "replay_buffer": {"pos": buffer["pos"], "full": buffer["full"],
+                                       "kept": keep_buffer, **arrays}}
+
+
+def set_off_policy_state(model: Any, state: dict[str, Any]) -> None:
+    """Inverse of :func:`off_policy_state` for a materialized state; without the buffer's
+    arrays the resumed run refills it: updates start again after ``learning_starts`` more
+    steps."""
+    for name, value in state.get("variables", {}).items():
+        attrgetter(name)(model).data.copy_(value)
+    if state.get("action_space_rng") is not None:
+        model.action_space.np_random.bit_generator.state = state["action_space_rng"]
+    original = state.get("last_original_obs")
+    if original is not None:
+        model._last_original_obs = original
+    saved = state["replay_buffer"]
+    buffer = model.replay_buffer
+    if not saved.get("kept", True) or "observations" not in saved:
+        model.learning_starts = model.num_timesteps + model.learning_starts
+        return
+    for name in BUFFER_ARRAYS:
+        if name in saved and getattr(buffer, name, None) is not None:
+            rows = len(saved[name])
+            getattr(buffer, name)[:rows] = saved[name]
+    buffer.pos, buffer.full = int(saved["pos"]), bool(saved["full"])
 
 
 def clone_tree(tree: Any) -> Any:
@@ -95,8 +185,10 @@ def restore(model: Any, train_env: VecEnv, eval_env: VecEnv | None, state: dict[
     restored last, after everything that could draw from them.
     """
     model.policy.load_state_dict(state["policy"])
-    model.policy.optimizer.load_state_dict(state["optimizer"])
+    set_optimizer_states(model, state["optimizer"])
     model.num_timesteps = state["num_timesteps"]
+    if "replay_buffer" in state:
+        set_off_policy_state(model, state)
     model._n_updates = state["n_updates"]
     model._episode_num = state["episode_num"]
     maxlen = state.get("ep_buffer_len") or model._stats_window_size
@@ -120,6 +212,9 @@ def restore(model: Any, train_env: VecEnv, eval_env: VecEnv | None, state: dict[
             train_env.env_method("workbench_restore", env_state, indices=[rank])
         model._last_obs = first_obs
         model._last_episode_starts = np.ones((train_env.num_envs,), dtype=bool)
+        norm = find_wrapper(train_env, VecNormalize)
+        if "replay_buffer" in state and norm is not None:  # off-policy: the raw observation
+            model._last_original_obs = norm.get_original_obs()
     set_vecnormalize_state(train_env, state["vecnormalize"])
     guarded = find_wrapper(train_env, guards.GuardedVecEnv)
     if guarded is not None:

@@ -14,16 +14,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
 import torch
 from omegaconf import DictConfig
 from stable_baselines3.common.vec_env import VecEnv
 
 from workbench import config
-from workbench.config import ConfigError, Device, WorkbenchConfig
+from workbench.config import ConfigError, Device, OffPolicyConfig, WorkbenchConfig
 from workbench.envs.checks import check_config
 from workbench.envs.spec import EnvSpec
+from workbench.envs.vector import make_env
 from workbench.tracking.outbox import DeliveryClient
 from workbench.tracking.store import resolve_tracking_uri
+from workbench.training.algorithms import replay_buffer_bytes
 from workbench.training.bundle import PulledBundle, init_run_info, initialize_model, pull_for_init
 from workbench.training.resume import (
     ResumePoint,
@@ -50,6 +53,7 @@ def load_config(overrides: Sequence[str] = (),
         composed)
     check_config(cfg)
     check_device(cfg)
+    check_replay_buffer(cfg)
     return cfg
 
 
@@ -58,7 +62,28 @@ def validate(cfg: WorkbenchConfig | DictConfig | Mapping[str, Any]) -> Workbench
     typed = config.validate(cfg)
     check_config(typed)
     check_device(typed)
+    check_replay_buffer(typed)
     return typed
+
+
+def check_replay_buffer(cfg: WorkbenchConfig) -> None:
+    """An off-policy replay buffer fits in the memory this machine has available (SB3 would
+    only warn, and the run would die swapping or killed hours in)."""
+    if not isinstance(cfg.algo, OffPolicyConfig):
+        return
+    env = make_env(EnvSpec.from_config(cfg))
+    try:
+        size = replay_buffer_bytes(cfg.algo, env.observation_space, env.action_space)
+    finally:
+        env.close()
+    available = psutil.virtual_memory().available
+    if size > available:
+        fits = int(cfg.algo.buffer_size * available / size)
+        raise ConfigError(
+            f"algo.buffer_size={cfg.algo.buffer_size}: the replay buffer needs "
+            f"{size / 2**30:.1f} GiB and this machine has {available / 2**30:.1f} GiB "
+            f"available; lower algo.buffer_size to at most {fits}"
+        )
 
 
 def check_device(cfg: WorkbenchConfig) -> None:

@@ -1,7 +1,8 @@
-"""The training core: ``train(cfg)`` runs one PPO training and records it in MLflow.
+"""The training core: ``train(cfg)`` runs one training (PPO, A2C, SAC, TD3, TQC or CrossQ:
+``training/algorithms.py``) and records it in MLflow.
 
 It reads top to bottom: validate, prepare the start (fresh, resume, Hub bundle), set the run
-up, open it, build envs and PPO, learn with callbacks, evaluate deterministically, save. The
+up, open it, build envs and the model, learn with callbacks, evaluate deterministically, save. The
 run's lifecycle (status, last checkpoint, closing envs, freeing the GPU, draining the outbox)
 is :func:`workbench.training.lifecycle.open_run`'s. The CLI, the notebooks and the tests all
 call this function; nothing forks it.
@@ -20,15 +21,17 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.vec_env import VecEnv
 
+import workbench.training.algorithms as algorithms
 from workbench import console
-from workbench.config import WorkbenchConfig
+from workbench.config import OffPolicyConfig, WorkbenchConfig
 from workbench.envs.vector import make_envs, make_eval_env
 from workbench.envs.video import VideoSettings
 from workbench.tracking.redaction import redact_uri
-from workbench.tracking.writer import MlflowWriter
+from workbench.tracking.writer import MlflowWriter, late_prefixes
 from workbench.training.callbacks import (
     IterationCallback,
     MemoryPeak,
+    OffPolicyIterationCallback,
     evaluate,
     reward_component_callbacks,
 )
@@ -71,7 +74,7 @@ def train(
     run_info: Mapping[str, Any] | None = None,
     callbacks: Sequence[BaseCallback] = (),
 ) -> TrainResult:
-    """Train PPO as configured and record the run; returns its summary.
+    """Train the configured algorithm and record the run; returns its summary.
 
     ``tags`` are added to the MLflow run; ``parent_run_id`` nests it under a sweep's run.
     ``run_info`` (command line, or notebook path and papermill parameters, overrides) goes
@@ -97,14 +100,18 @@ def train(
                                           setup.uri, run.run_id, setup.run_name,
                                           setup.vec_choice, run.run.info.artifact_uri))
         model.set_logger(build_logger(run.client, run.run_id, cfg, setup.derived.iterations))
-        recovery = run.checkpoints(cfg, train_env, eval_env, start.checkpoint_steps())
+        off_policy = algorithms.algorithm(cfg.algo).off_policy
+        recovery = run.checkpoints(
+            cfg, train_env, eval_env, start.checkpoint_steps(),
+            capture_every=setup.derived.log_every_steps if off_policy else 0,
+            keep_buffer=buffer_kept(cfg, model))
         start.restore(model, train_env, eval_env, run.client)  # a resumed run's state
         memory, started = MemoryPeak(), time.perf_counter()
         run.learn(model, cfg.total_timesteps,
-                  [*build_callbacks(cfg, train_env, eval_env),
+                  [*build_callbacks(cfg, train_env, eval_env, setup.derived.log_every_steps),
                    *video_callbacks(recorder, eval_env, cfg.video, cfg.total_timesteps),
                    memory, *callbacks, recovery],
-                  resumed=start.resumed is not None)
+                  resumed=start.resumed is not None, off_policy=off_policy)
         wall = time.perf_counter() - started
         mean, std = evaluate(model, train_env, eval_env, cfg.eval.final_episodes)
         videos = recorder.record_final(model, train_env, eval_env, wall) if recorder else {}
@@ -139,25 +146,40 @@ def build_logger(
     client: MlflowClient, run_id: str, cfg: WorkbenchConfig, iterations: int
 ) -> Logger:
     """SB3 logger whose writers are MLflow (always) and the console line (optional)."""
-    writers: list[Any] = [MlflowWriter(client, run_id)]
+    late = late_prefixes(algorithms.algorithm(cfg.algo).off_policy)
+    writers: list[Any] = [MlflowWriter(client, run_id, late)]
     if cfg.console.iteration_lines:
-        writers.append(ConsoleWriter(iterations))
+        writers.append(ConsoleWriter(iterations, late))
     return Logger(folder=None, output_formats=writers)
 
 
-def build_callbacks(cfg: WorkbenchConfig, train_env: VecEnv, eval_env: VecEnv) -> list[Any]:
+def build_callbacks(cfg: WorkbenchConfig, train_env: VecEnv, eval_env: VecEnv,
+                    log_every: int) -> list[Any]:
     """The workbench's own callbacks, in order: the update check first (before anything
-    dumps the logger), timing, entropy and periodic evaluation, reward components when the
-    env declares them, the progress bar when enabled."""
+    dumps the logger), timing, entropy and periodic evaluation (off-policy: a logged point
+    every ``log_every`` steps), reward components when the env declares them, the progress
+    bar when enabled."""
+    timing = IterationCallback(eval_env, cfg.eval.every_steps, cfg.eval.n_episodes,
+                               cfg.total_timesteps)
+    if algorithms.algorithm(cfg.algo).off_policy:
+        timing = OffPolicyIterationCallback(eval_env, cfg.eval.every_steps, cfg.eval.n_episodes,
+                                            cfg.total_timesteps, log_every)
     callbacks: list[Any] = [
-        UpdateCheck(),
-        IterationCallback(eval_env, cfg.eval.every_steps, cfg.eval.n_episodes,
-                          cfg.total_timesteps),
+        UpdateCheck(params_every=50 if isinstance(timing, OffPolicyIterationCallback) else 1),
+        timing,
         *reward_component_callbacks(train_env),
     ]
     if cfg.console.progress_bar:
         callbacks.append(ProgressBarCallback(cfg.total_timesteps))
     return callbacks
+
+
+def buffer_kept(cfg: WorkbenchConfig, model: Any) -> bool:
+    """Whether the checkpoints carry the replay buffer (``checkpoint.replay_buffer_max_mb``)."""
+    if not isinstance(cfg.algo, OffPolicyConfig):
+        return True
+    size = algorithms.replay_buffer_bytes(cfg.algo, model.observation_space, model.action_space)
+    return size <= cfg.checkpoint.replay_buffer_max_mb * 2**20
 
 
 def summarize(mean: float, std: float, num_timesteps: int, wall_s: float, peak_rss_mb: float

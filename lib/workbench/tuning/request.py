@@ -27,7 +27,7 @@ from workbench.sweeps.request import compose_typed, override_key
 from workbench.tuning.objectives import Objective
 from workbench.tuning.space import SearchSpace, largest_rollout, parse_space
 
-DEFAULT_SEARCH = "search=ppo"
+DEFAULT_SEARCH = "search=ppo"  # with another algorithm: search=<algo.name> (conf/search/)
 STUDY_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")  # fullmatch: no trailing newline
 # Keys every trial gets from the study; overriding them for all trials is an error.
 TRIAL_KEYS = {"eval.every_steps": "tune.eval_every_steps", "tracking.run_name": "the trial name"}
@@ -69,10 +69,13 @@ def check_request(overrides: Sequence[str], n_trials: int | None = None) -> Tune
     """Compose and check a tuning request's config; raises :class:`ConfigError` on bad input."""
     overrides = list(overrides)
     if not any(override_key(o) == "search" for o in overrides):
-        overrides.insert(0, DEFAULT_SEARCH)
+        # the composed algorithm names the default space (its search.* overrides need one)
+        algo = compose_typed([o for o in overrides
+                              if not override_key(o).startswith("search")]).algo.name
+        overrides.insert(0, f"search={algo}" if algo != "ppo" else DEFAULT_SEARCH)
     typed = compose_typed(overrides)
     config.check_values(typed)  # the tune.* ranges among them
-    space = parse_space(typed.search.name, typed.search.params)
+    space = parse_space(typed.search.name, typed.search.params, typed.algo.name)
     point_overrides = [o for o in overrides if not is_study_override(o)]
     check_trial_keys(point_overrides, space)
     tune = typed.tune
@@ -216,7 +219,7 @@ def registered_episode_steps(env_id: str) -> int | None:
 
 def check_budget(space: SearchSpace, base: WorkbenchConfig) -> None:
     """``total_timesteps`` must hold the largest rollout the space can sample."""
-    num_envs, n_steps = largest_rollout(space, base.env.num_envs, base.algo.n_steps)
+    num_envs, n_steps = largest_rollout(space, base.env.num_envs, base.algo.steps_per_update())
     if num_envs * n_steps > base.total_timesteps:
         raise ConfigError(
             f"total_timesteps={base.total_timesteps} is smaller than the largest rollout the "

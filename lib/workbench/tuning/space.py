@@ -22,7 +22,7 @@ from workbench.config import ConfigError, WorkbenchConfig
 from workbench.config.compose import hydra_value
 from workbench.config.schema import Range, schema_field
 
-# Search key -> the config keys its value sets (the zoo's names for PPO's hyperparameters).
+# Search key -> the config keys its value sets (the zoo's names for the hyperparameters).
 KEYS: dict[str, tuple[str, ...]] = {
     "learning_rate": ("algo.learning_rate",),
     "n_steps": ("algo.n_steps",),
@@ -39,8 +39,21 @@ KEYS: dict[str, tuple[str, ...]] = {
     "activation": ("algo.policy.activation",),
     "ortho_init": ("algo.policy.ortho_init",),
     "normalize": ("env.normalize",),
-    "net_width": ("algo.policy.pi", "algo.policy.vf"),  # two hidden layers of this width
+    # the off-policy algorithms'
+    "buffer_size": ("algo.buffer_size",),
+    "learning_starts": ("algo.learning_starts",),
+    "tau": ("algo.tau",),
+    "train_freq": ("algo.train_freq",),
+    "gradient_steps": ("algo.gradient_steps",),
+    "policy_delay": ("algo.policy_delay",),
+    "target_policy_noise": ("algo.target_policy_noise",),
+    "action_noise_std": ("algo.action_noise_std",),
+    "top_quantiles_to_drop_per_net": ("algo.top_quantiles_to_drop_per_net",),
+    # two hidden layers of this width for the actor and the critic(s): PPO's and A2C's
+    # policy.vf, the off-policy algorithms' policy.qf
+    "net_width": ("algo.policy.pi", "algo.policy.vf"),
 }
+OFF_POLICY_NET = ("algo.policy.pi", "algo.policy.qf")
 FIELDS = ("low", "high", "log", "step", "choices")
 NET_DEPTH = 2  # net_width=w sets [w, w]
 
@@ -142,20 +155,22 @@ class SearchSpace:
         return [o for d in self.dimensions if d.name in values for o in d.overrides(values[d.name])]
 
 
-def parse_space(name: str, params: Mapping[str, Any]) -> SearchSpace:
-    """Check ``search.params`` and return its dimensions; raises :class:`ConfigError`."""
+def parse_space(name: str, params: Mapping[str, Any], algo: str = "ppo") -> SearchSpace:
+    """Check ``search.params`` against the keys of ``algo`` (an ``algo.name``) and return its
+    dimensions; raises :class:`ConfigError`."""
     if not params:
         raise ConfigError(
-            "search.params is empty: choose a search space (search=ppo) or add a key, e.g. "
+            f"search.params is empty: choose a search space (search={algo}) or add a key, e.g. "
             "'+search.params.learning_rate={low:1e-5,high:1e-3,log:true}'"
         )
-    return SearchSpace(name, tuple(parse_dimension(key, spec) for key, spec in params.items()))
+    return SearchSpace(name, tuple(parse_dimension(key, spec, algo)
+                                   for key, spec in params.items()))
 
 
-def parse_dimension(key: str, spec: Any) -> Dimension:
+def parse_dimension(key: str, spec: Any, algo: str = "ppo") -> Dimension:
     """One ``search.params.<key>`` entry, checked."""
     where = f"search.params.{key}"
-    targets = resolve_key(key)
+    targets = resolve_key(key, algo)
     if not isinstance(spec, Mapping):
         raise ConfigError(f"{where}={spec!r}: give a range {{low: .., high: ..}} or "
                           "{choices: [..]}")
@@ -163,20 +178,21 @@ def parse_dimension(key: str, spec: Any) -> Dimension:
     if unknown:
         raise ConfigError(f"{where}.{unknown[0]}: unknown field; valid fields: "
                           f"{', '.join(FIELDS)}")
-    kind = value_kind(key, targets[0])
+    kind = value_kind(key, targets[0], algo)
     choices = spec.get("choices")
     has_range = spec.get("low") is not None or spec.get("high") is not None
     if choices is not None:
         if has_range:
             raise ConfigError(f"{where}: give either low/high or choices, not both")
-        return categorical(key, targets, list(choices))
+        return categorical(key, targets, list(choices), algo)
     if kind == "categorical":
         raise ConfigError(f"{where}: {targets[0]} takes a value from a set; give choices, "
                           f"e.g. {where}={{choices:[...]}}")
-    return numeric(key, targets, kind, spec)
+    return numeric(key, targets, kind, spec, algo)
 
 
-def categorical(key: str, targets: tuple[str, ...], choices: list[Any]) -> Dimension:
+def categorical(key: str, targets: tuple[str, ...], choices: list[Any], algo: str = "ppo"
+                ) -> Dimension:
     """A choices dimension: at least one value, each a plain scalar in the key's range."""
     where = f"search.params.{key}"
     if not choices:
@@ -184,16 +200,16 @@ def categorical(key: str, targets: tuple[str, ...], choices: list[Any]) -> Dimen
     for value in choices:
         if not isinstance(value, bool | int | float | str):
             raise ConfigError(f"{where}.choices: {value!r} is not a number, string or boolean")
-        check_choice_type(key, targets[0], value)
+        check_choice_type(key, targets[0], value, algo)
         if isinstance(value, int | float) and not isinstance(value, bool):
-            check_in_range(key, targets[0], value)
+            check_in_range(key, targets[0], value, algo)
     return Dimension(key, targets, "categorical", choices=tuple(choices))
 
 
-def check_choice_type(key: str, target: str, value: Any) -> None:
+def check_choice_type(key: str, target: str, value: Any, algo: str = "ppo") -> None:
     """A choice must have the type of the config key it sets: ``n_steps`` takes whole numbers,
     ``gamma`` numbers, ``activation`` one of its names; else every trial would fail."""
-    base = int if key == "net_width" else scalar_type(target)
+    base = int if key == "net_width" else scalar_type(target, algo)
     if base is None:
         return
     number = isinstance(value, int | float) and not isinstance(value, bool)
@@ -214,8 +230,8 @@ def check_choice_type(key: str, target: str, value: Any) -> None:
                           f"each choice must be {expected}")
 
 
-def numeric(key: str, targets: tuple[str, ...], kind: str, spec: Mapping[str, Any]
-            ) -> Dimension:
+def numeric(key: str, targets: tuple[str, ...], kind: str, spec: Mapping[str, Any],
+            algo: str = "ppo") -> Dimension:
     """A range dimension: both ends, not empty, inside the key's valid range."""
     where = f"search.params.{key}"
     low, high, step = spec.get("low"), spec.get("high"), spec.get("step")
@@ -239,16 +255,24 @@ def numeric(key: str, targets: tuple[str, ...], kind: str, spec: Mapping[str, An
     if step is not None and step <= 0:
         raise ConfigError(f"{where}.step={step:g}: must be > 0")
     for value in (low, high):
-        check_in_range(key, targets[0], value)
+        check_in_range(key, targets[0], value, algo)
     return Dimension(key, targets, kind, float(low), float(high), log,
                      float(step) if step is not None else None)
 
 
-def resolve_key(key: str) -> tuple[str, ...]:
-    """The config keys a search key sets; an unknown key is bad input."""
-    if key in KEYS:
-        return KEYS[key]
-    if "." in key and scalar_type(key) is not None:
+def resolve_key(key: str, algo: str = "ppo") -> tuple[str, ...]:
+    """The config keys a search key sets for ``algo``; an unknown key, or one of another
+    algorithm (``n_epochs`` with algo=sac), is bad input."""
+    targets = KEYS.get(key)
+    if key == "net_width" and schema_field("algo.policy.qf", algo) is not None:
+        targets = OFF_POLICY_NET
+    if targets is not None:
+        for target in targets:
+            if schema_field(target, algo) is None:
+                raise ConfigError(f"search.params.{key}: sets {target}, which algo={algo} does "
+                                  f"not have; drop it or use search={algo}")
+        return targets
+    if "." in key and scalar_type(key, algo) is not None:
         return (key,)
     close = difflib.get_close_matches(key, list(KEYS), n=1)
     hint = f"did you mean {close[0]}? " if close else ""
@@ -258,9 +282,9 @@ def resolve_key(key: str) -> tuple[str, ...]:
     )
 
 
-def scalar_type(dotted: str) -> type | None:
+def scalar_type(dotted: str, algo: str = "ppo") -> type | None:
     """``int``/``float``/``bool``/``str``/an Enum for a scalar schema key, else None."""
-    declared = schema_field(dotted)
+    declared = schema_field(dotted, algo)
     args = [a for a in typing.get_args(declared) if a is not type(None)]
     base = args[0] if len(args) == 1 else declared
     if isinstance(base, type) and (issubclass(base, bool | int | float | str)):
@@ -268,32 +292,30 @@ def scalar_type(dotted: str) -> type | None:
     return None
 
 
-def value_kind(key: str, target: str) -> str:
+def value_kind(key: str, target: str, algo: str = "ppo") -> str:
     """``int``, ``float`` or ``categorical`` (bools, enums, strings, layer lists)."""
     if key == "net_width":
         return "int"
-    base = scalar_type(target)
+    base = scalar_type(target, algo)
     if base is bool or base is None or issubclass(base, StrEnum | str):
         return "categorical"
     return "int" if base is int else "float"
 
 
-def check_in_range(key: str, target: str, value: float) -> None:
+def check_in_range(key: str, target: str, value: float, algo: str = "ppo") -> None:
     """A searched value must be valid for the config key it sets (its schema range)."""
-    valid = schema_range(target) if key != "net_width" else Range(1, example="64")
+    valid = schema_range(target, algo) if key != "net_width" else Range(1, example="64")
     if valid is not None and not valid.contains(float(value)):
         raise ConfigError(f"search.params.{key}: {value:g} is outside {target}'s valid range "
                           f"({valid.describe()})")
 
 
-def schema_range(dotted: str) -> Range | None:
-    """The declared :class:`Range` of a schema key, if it has one."""
-    node: Any = WorkbenchConfig
+def schema_range(dotted: str, algo: str = "ppo") -> Range | None:
+    """The declared :class:`Range` of a schema key (``algo.*``: of ``algo``'s), if any."""
     *parents, leaf = dotted.split(".")
-    for part in parents:
-        node = typing.get_type_hints(node).get(part)
-        if not (isinstance(node, type) and is_dataclass(node)):
-            return None
+    node = schema_field(".".join(parents), algo) if parents else WorkbenchConfig
+    if not (isinstance(node, type) and is_dataclass(node)):
+        return None
     found = [f for f in fields(node) if f.name == leaf]
     return found[0].metadata.get("range") if found else None
 

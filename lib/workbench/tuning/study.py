@@ -32,7 +32,7 @@ from typing import Any
 from mlflow.tracking import MlflowClient
 
 from workbench import console
-from workbench.config import ConfigError
+from workbench.config import ConfigError, PPOConfig
 from workbench.config.compose import hydra_value
 from workbench.sweeps.point import (
     FAILED,
@@ -441,9 +441,10 @@ def trial_spec(plan: TunePlan, number: int, values: dict[str, Any], parent_id: s
     """
     base = plan.base
     num_envs = int(values.get("num_envs", base.env.num_envs))
-    n_steps = int(values.get("n_steps", base.algo.n_steps))
+    # the notebook's n_steps: 0 for the off-policy algorithms, which have none
+    n_steps = int(values.get("n_steps", getattr(base.algo, "n_steps", 0)))
     adjusted: dict[str, Any] = {}
-    if int(values.get("batch_size", 0)) > num_envs * n_steps:
+    if isinstance(base.algo, PPOConfig) and int(values.get("batch_size", 0)) > num_envs * n_steps:
         adjusted["batch_size"] = num_envs * n_steps
     effective = {k: v for k, v in {**values, **adjusted}.items()
                  if k not in ("num_envs", "n_steps")}
