@@ -6,7 +6,11 @@ each seed so no contestant always runs first), each run in a fresh process:
 - ``workbench``: the workbench's default configuration for the task (``workbench train
   env=<task>``, i.e. ``conf/`` as shipped), through ``workbench.training.trainer.train``;
 - ``sb3``: bare stable-baselines3 at its defaults: ``PPO("MlpPolicy", make_vec_env(id, 1))``;
-- ``zoo``: rl-baselines3-zoo's tuned hyperparameters (``experiment=zoo_<task>``).
+- ``zoo``: rl-baselines3-zoo's tuned hyperparameters (``experiment=zoo_<task>``);
+- ``--algos sac td3 tqc crossq a2c``: one contestant per algorithm, named after it, with
+  rl-baselines3-zoo's tuned values for the task (``experiment=zoo_<algo>_<task>``, generated
+  from the zoo's files: docs/algorithms.md) or, where the zoo has none, the library's
+  defaults on one env (``algo=<algo> env.num_envs=1``).
 
 Protocol (the same for every contestant): every ``--eval-every`` environment steps, at the end
 of a rollout, ``--episodes`` deterministic episodes run on a separate gymnasium env (seed
@@ -27,6 +31,8 @@ steps; 1000 is not a threshold there: standing still for the 1000 steps of an ep
     python benchmarks/time_to_reward.py --tasks all --only workbench zoo   # the suite table
     python benchmarks/time_to_reward.py --tasks halfcheetah --contestant \\
         wide=env.num_envs=16,algo.n_steps=64 --only workbench wide
+    python benchmarks/time_to_reward.py --tasks halfcheetah --only workbench \
+        --algos sac td3 tqc crossq --seeds 0 1 2 --budget-s 300   # docs/benchmarks.md
     python benchmarks/time_to_reward.py --rescore benchmarks/results/time_to_reward.json \\
         --thresholds 500 900   # re-read finished runs' evaluation curves at other thresholds
 
@@ -42,6 +48,7 @@ import math
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -176,8 +183,10 @@ def workbench_run(overrides: list[str], seed: int, spec: dict[str, Any]) -> dict
 # --------------------------------------------------------------------------- parent
 
 
-def contestants(task: str, extra: list[str], only: list[str] | None) -> dict[str, list[str]]:
-    """Name -> workbench overrides (``sb3`` has none: it is bare SB3)."""
+def contestants(task: str, extra: list[str], only: list[str] | None,
+                algos: Sequence[str] = ()) -> dict[str, list[str]]:
+    """Name -> workbench overrides (``sb3`` has none: it is bare SB3); ``only`` keeps the
+    built-in and ``--contestant`` ones named, ``algos`` adds one per algorithm."""
     table: dict[str, list[str]] = {"workbench": [f"env={task}"], "sb3": [],
                                    "zoo": [f"experiment=zoo_{task}"]}
     for item in extra:
@@ -185,6 +194,11 @@ def contestants(task: str, extra: list[str], only: list[str] | None) -> dict[str
         table[name] = [f"env={task}", *split_overrides(overrides)]
     if only:
         table = {name: table[name] for name in only}
+    for algo in algos:
+        preset = f"zoo_{algo}_{task}"
+        zoo = (Path(__file__).resolve().parents[1] / "conf" / "experiment" / f"{preset}.yaml")
+        table[algo] = ([f"experiment={preset}"] if zoo.is_file()
+                       else [f"env={task}", f"algo={algo}", "env.num_envs=1"])
     return table
 
 
@@ -205,7 +219,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Run every (task, seed, contestant) interleaved; returns all raw results."""
     runs: list[dict[str, Any]] = []
     for task in args.tasks:
-        table = contestants(task, args.contestant, args.only)
+        table = contestants(task, args.contestant, args.only, args.algos)
         quick = QUICK_THRESHOLDS.get(task, THRESHOLDS[task][:1])
         thresholds = args.thresholds or (quick if args.quick else THRESHOLDS[task])
         for index, seed in enumerate(args.seeds):
@@ -327,6 +341,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         metavar="NAME=OVERRIDE,OVERRIDE",
                         help="add a workbench configuration: env=<task> plus these overrides")
     parser.add_argument("--only", nargs="+", help="run only these contestants")
+    parser.add_argument("--algos", nargs="+", default=[],
+                        choices=["a2c", "sac", "td3", "tqc", "crossq"],
+                        help="add one contestant per algorithm: the zoo's tuned values for "
+                        "the task (experiment=zoo_<algo>_<task>)")
     parser.add_argument("--rescore", type=Path, metavar="RESULTS_JSON",
                         help="re-read a finished run's evaluation curves at --thresholds")
     parser.add_argument("--child", help=argparse.SUPPRESS)

@@ -75,12 +75,16 @@ def test_train_and_reward_parts_shrunk_feed_the_summary(tmp_path: Path) -> None:
     assert all(r["steps"] == 2048 and r["peak_rss_mb"] > 0 for r in throughput["runs"])
     assert math.isfinite(throughput["summary"]["lowest_r_train"])
 
-    # One rollout and one evaluation per contestant (the zoo's PPO makes 20 epochs an update).
+    # One rollout and one evaluation per contestant (the zoo's PPO makes 20 epochs an update;
+    # the zoo's SAC, an algorithm contestant, is still in its 10,000 random warm-up steps).
     proc = run_script("time_to_reward.py", "--quick", "--budget-s", "4", "--max-steps", "1024",
-                      "--eval-every", "1024", "--episodes", "1", results=results)
+                      "--eval-every", "1024", "--episodes", "1", "--algos", "sac",
+                      results=results)
     assert proc.returncode == 0, proc.stderr[-3000:]
     reward = json.loads((results / "time_to_reward.json").read_text())
-    assert sorted(r["contestant"] for r in reward["runs"]) == ["sb3", "workbench", "zoo"]
+    assert sorted(r["contestant"] for r in reward["runs"]) == ["sac", "sb3", "workbench", "zoo"]
+    assert [r["overrides"] for r in reward["runs"] if r["contestant"] == "sac"] == [
+        ["experiment=zoo_sac_halfcheetah"]]
     assert all(r["evals"] and r["thresholds"] == [0.0] for r in reward["runs"])
 
     summary = subprocess.run(
