@@ -12,15 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from mlflow.tracking import MlflowClient
 from workbench import config
 from workbench.config import ConfigError
 from workbench.training import algorithms, load_config, train
-from workbench.training.faults import TrainingInterrupted
 
 from .conftest import TINY
-from .test_checkpoint import SignalAt, histories, policy_weights
+from .test_checkpoint import assert_same_training, interrupt_and_resume
 
 ALGOS = ["a2c", "sac", "td3", "tqc", "crossq"]
 
@@ -109,27 +107,10 @@ def test_an_off_policy_resume_continues_exactly_with_its_replay_buffer(
     overrides = [*TINY, "algo=sac", "env.vec_env=dummy", "total_timesteps=768",
                  "console.iteration_lines=false", "tracking.system_metrics=false",
                  "checkpoint.every_steps=152", "eval.every_steps=200"]
-    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
-    full = train(load_config(overrides))
-
-    with pytest.raises(TrainingInterrupted, match=r"^SIGINT received at step 42\d$"):
-        train(load_config(overrides), callbacks=[SignalAt(420)])
-    (killed,) = [r for r in client.search_runs([full.experiment_id])
-                 if r.info.run_id != full.run_id]
+    client, full, killed, resumed = interrupt_and_resume(overrides)
     # the last snapshot before the signal (380) was written on the way out, buffer included
     assert killed.data.tags["workbench.checkpoint"] == "checkpoints/step-000000000380"
-
-    resumed = train(load_config([f"resume={killed.info.run_id}"]))
-    run = client.get_run(resumed.run_id)
-    assert run.info.status == "FINISHED" and run.data.tags["resume.exact"] == "true"
-    expected, got = histories(client, full.run_id), histories(client, resumed.run_id)
-    assert set(got) == set(expected)
-    for key, points in expected.items():
-        assert got[key] == points, key
-    weights_full = policy_weights(client, full.run_id, tmp_path)
-    weights_resumed = policy_weights(client, resumed.run_id, tmp_path)
-    for key, value in weights_full.items():
-        assert torch.equal(value, weights_resumed[key]), key
+    assert_same_training(client, full, resumed, tmp_path)
 
 
 # --------------------------------------------------------------------------- zoo presets

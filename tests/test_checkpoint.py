@@ -9,6 +9,7 @@ import os
 import signal
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -169,6 +170,40 @@ def policy_weights(client: MlflowClient, run_id: str, tmp: Path) -> dict[str, to
         return torch.load(io.BytesIO(archive.read("policy.pth")), weights_only=True)
 
 
+def interrupt_and_resume(overrides: list[str]) -> tuple[MlflowClient, Any, Any, Any]:
+    """The uninterrupted run of ``overrides``, the same run stopped by a real SIGINT after
+    step 420 (its stored run), and that run resumed to the end."""
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    full = train(load_config(overrides))
+    with pytest.raises(TrainingInterrupted, match=r"^SIGINT received at step 42\d$"):
+        train(load_config(overrides), callbacks=[SignalAt(420)])
+    (killed,) = [r for r in client.search_runs([full.experiment_id])
+                 if r.info.run_id != full.run_id]
+    resumed = train(load_config([f"resume={killed.info.run_id}"]))
+    return client, full, killed, resumed
+
+
+def assert_same_training(client: MlflowClient, full: Any, resumed: Any, tmp: Path
+                         ) -> dict[str, list[tuple[int, float]]]:
+    """The resumed run FINISHED exactly as the uninterrupted one: every non-timing metric at
+    the same steps with the same values (nothing logged twice), the same final evaluation
+    and weights. Returns the resumed run's histories."""
+    run = client.get_run(resumed.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["resume.exact"] == "true"
+    expected, got = histories(client, full.run_id), histories(client, resumed.run_id)
+    assert set(got) == set(expected)
+    for key, points in expected.items():
+        assert got[key] == points, key
+    assert resumed.eval_mean_reward == full.eval_mean_reward
+    weights_full = policy_weights(client, full.run_id, tmp)
+    weights_resumed = policy_weights(client, resumed.run_id, tmp)
+    assert weights_full.keys() == weights_resumed.keys()
+    for name, value in weights_full.items():
+        assert torch.equal(value, weights_resumed[name]), name
+    return got
+
+
 RESUME_CASES = [
     pytest.param([], id="dummy"),
     pytest.param(["env.vec_env=subproc", "env.normalize=true"], id="subproc-vecnormalize",
@@ -185,40 +220,20 @@ def test_resume_after_sigint_equals_the_uninterrupted_run(
                  "console.iteration_lines=false", "tracking.system_metrics=false",
                  "checkpoint.every_steps=256", "checkpoint.keep_last=2", "eval.every_steps=192",
                  *extra]
-    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
-    full = train(load_config(overrides))
-
-    with pytest.raises(TrainingInterrupted, match=r"^SIGINT received at step 42\d$"):
-        train(load_config(overrides), callbacks=[SignalAt(420)])
-    (killed,) = [r for r in client.search_runs([full.experiment_id])
-                 if r.info.run_id != full.run_id]
+    client, full, killed, resumed = interrupt_and_resume(overrides)
     assert killed.info.status == "KILLED"
     assert killed.data.tags["error"].startswith("interrupted: SIGINT received at step 42")
     # The last iteration boundary before the signal (384) was written on the way out.
     assert killed.data.tags["workbench.checkpoint"] == "checkpoints/step-000000000384"
-
-    resumed = train(load_config([f"resume={killed.info.run_id}"]))
     assert resumed.run_id == killed.info.run_id  # the same MLflow run is reopened
     run = client.get_run(resumed.run_id)
-    assert run.info.status == "FINISHED"
     assert "error" not in run.data.tags
     assert run.data.tags["resume.count"] == "1"
     assert run.data.tags["resume.from_step"] == "384"
-    assert run.data.tags["resume.exact"] == "true"
     assert run.data.tags["resume.previous_error"].startswith("interrupted: SIGINT")
-
-    expected, got = histories(client, full.run_id), histories(client, resumed.run_id)
-    assert set(got) == set(expected)
-    for key, points in expected.items():
-        assert got[key] == points, key  # same steps, same values, nothing logged twice
+    got = assert_same_training(client, full, resumed, tmp_path)
     assert [s for s, _ in got["rollout/ep_rew_mean"]] == [128, 256, 384, 512, 640, 768]
     assert [s for s, _ in got["eval/mean_reward"]] == [256, 384, 640, 768]  # 768: final
-    assert resumed.eval_mean_reward == full.eval_mean_reward
-    weights_full = policy_weights(client, full.run_id, tmp_path)
-    weights_resumed = policy_weights(client, resumed.run_id, tmp_path)
-    assert weights_full.keys() == weights_resumed.keys()
-    for name, value in weights_full.items():
-        assert torch.equal(value, weights_resumed[name]), name
 
     # Retention: checkpoints at 256, 512 and the final 768; the newest two are kept.
     for run_id in (full.run_id, resumed.run_id):

@@ -352,11 +352,9 @@ def check_iteration_time(
     if times is None or len(times) < limits.min_iterations:
         return None
     body = times[1:]  # the first iteration carries start-up costs
-    m = max(1, len(body) // 3)
-    first, last = float(np.median(body[:m])), float(np.median(body[-m:]))
+    first, last, trend = growth(body, 3)
     if first <= 0 or last / first < limits.iteration_time_growth:
         return None
-    trend = rank_correlation(body)
     if trend < limits.iteration_time_trend:
         return None
     return Diagnostic(
@@ -411,11 +409,9 @@ def check_critic_loss(
     values = s.values[np.isfinite(s.values)]
     if len(values) < limits.min_iterations:
         return None
-    m = max(1, len(values) // 4)
-    first, last = float(np.median(values[:m])), float(np.median(values[-m:]))
+    first, last, trend = growth(values, 4)
     if first <= 0 or last / first < limits.critic_loss_growth:
         return None
-    trend = rank_correlation(values)
     if trend < limits.iteration_time_trend:
         return None
     return Diagnostic(
@@ -423,8 +419,8 @@ def check_critic_loss(
         title="critic loss diverging",
         evidence=f"median train/critic_loss {first:.3g} in the first quarter -> {last:.3g} in "
         f"the last (x{last / first:.0f}; rank correlation with the step {trend:.2f})",
-        remedy="Q-values are blowing up: lower algo.learning_rate, raise algo.tau's "
-        "smoothing (a smaller algo.tau), normalize rewards (env.normalize=true) or clip them",
+        remedy="Q-values are blowing up: lower algo.learning_rate or algo.tau (slower target "
+        "updates; SAC, TD3, TQC), or scale the rewards (env.normalize=true)",
         values={"first": first, "last": last, "growth": last / first, "trend": trend},
     )
 
@@ -631,6 +627,14 @@ def iteration_seconds(metrics: Mapping[str, Series], rollout_key: str = "time/ro
     times = [r + by_step[s] for s, r in zip(rollout.steps.tolist(), rollout.values.tolist(),
                                             strict=True) if s in by_step]
     return np.asarray(times, dtype=float)
+
+
+def growth(values: np.ndarray, parts: int) -> tuple[float, float, float]:
+    """Median of the first and of the last ``1/parts`` of ``values``, and their rank
+    correlation with their index (how steadily they rise)."""
+    m = max(1, len(values) // parts)
+    return (float(np.median(values[:m])), float(np.median(values[-m:])),
+            rank_correlation(values))
 
 
 def rank_correlation(values: np.ndarray) -> float:
