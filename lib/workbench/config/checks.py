@@ -110,11 +110,11 @@ def check_algo(cfg: WorkbenchConfig) -> None:
             f"{rollout} or shrink the rollout"
         )
     if isinstance(a, OffPolicyConfig):
-        check_off_policy(cfg, a)
+        check_off_policy(a)
 
 
-def check_off_policy(cfg: WorkbenchConfig, a: OffPolicyConfig) -> None:
-    """Entropy settings SB3 can parse; a first update inside the training's steps."""
+def check_off_policy(a: OffPolicyConfig) -> None:
+    """Entropy settings SB3 can parse; gSDE's sample frequency only with gSDE."""
     for key, auto_init in (("ent_coef", True), ("target_entropy", False)):
         value = getattr(a, key, None)
         problem = coefficient_problem(value, auto_init=auto_init) if value is not None else None
@@ -123,12 +123,6 @@ def check_off_policy(cfg: WorkbenchConfig, a: OffPolicyConfig) -> None:
     if isinstance(a, SACConfig) and a.use_sde is False and a.sde_sample_freq != -1:
         raise ConfigError(f"algo.sde_sample_freq={a.sde_sample_freq}: only with gSDE; add "
                           "algo.use_sde=true or drop algo.sde_sample_freq")
-    if a.learning_starts >= cfg.total_timesteps:
-        raise ConfigError(
-            f"algo.learning_starts={a.learning_starts} is not below total_timesteps="
-            f"{cfg.total_timesteps}: the run would never update; lower algo.learning_starts "
-            "or raise total_timesteps"
-        )
 
 
 def check_names(cfg: WorkbenchConfig) -> None:

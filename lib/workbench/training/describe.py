@@ -160,7 +160,7 @@ def header_lines(
         f"{normalize}, seeds {derived.env_seeds[0]}"
         f"..{derived.env_seeds[-1]}"
         + (f" ({vec_choice.reason})" if vec_choice and cfg.env.vec_env == "auto" else ""),
-        "algorithm": f"{algorithms.algorithm(cfg.algo).label}: {update_plan(cfg)}",
+        "rollout": f"{algorithms.algorithm(cfg.algo).label}: {update_plan(cfg)}",
         **({"replay buffer": buffer_line(cfg, model)}
            if isinstance(cfg.algo, OffPolicyConfig) else {}),
         "budget": f"{cfg.total_timesteps} steps = {derived.iterations} iterations"
