@@ -12,7 +12,7 @@ The training side of each algorithm (its SB3 class, metrics, exported actor) is
 
 from __future__ import annotations
 
-import re
+import math
 from dataclasses import dataclass, field
 
 from workbench.config.fields import Activation, Schedule, ranged, sizes
@@ -233,9 +233,6 @@ ALGORITHMS: dict[str, type[AlgoConfig]] = {
     "tqc": TQCConfig, "crossq": CrossQConfig,
 }
 
-_COEFFICIENT = re.compile(r"^(auto(_\d+(\.\d*)?([eE][-+]?\d+)?)?|\d+(\.\d*)?([eE][-+]?\d+)?)$")
-
-
 def algo_schema(name: str) -> type[AlgoConfig]:
     """The schema of ``algo.name``; a :class:`KeyError` names the known algorithms."""
     try:
@@ -246,22 +243,16 @@ def algo_schema(name: str) -> type[AlgoConfig]:
 
 
 def coefficient_problem(value: str, *, auto_init: bool) -> str | None:
-    """Why an ``ent_coef``/``target_entropy`` string is not valid, or None when it is."""
+    """Why an ``ent_coef`` (``auto_init``: "auto", "auto_<init>" or a positive number) or
+    ``target_entropy`` ("auto" or a number) string is not valid, or None when it is."""
     if value == "auto":
         return None
-    if value.startswith("auto_") and not auto_init:
-        return 'write "auto" or a number'
-    if not _COEFFICIENT.match(value) and not (not auto_init and _is_number(value)):
-        return ('write "auto", "auto_<initial value>" or a positive number, e.g. 0.1'
-                if auto_init else 'write "auto" or a number, e.g. -3')
-    if auto_init and float(value.removeprefix("auto_") or 0) <= 0:
-        return "the coefficient must be positive"
-    return None
-
-
-def _is_number(text: str) -> bool:
     try:
-        float(text)
+        number = float(value.removeprefix("auto_") if auto_init else value)
     except ValueError:
-        return False
-    return True
+        number = math.nan
+    if auto_init and not (math.isfinite(number) and number > 0):
+        return 'write "auto", "auto_<initial value>" or a positive number, e.g. 0.1'
+    if not math.isfinite(number):
+        return 'write "auto" or a number, e.g. -3'
+    return None

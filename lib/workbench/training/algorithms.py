@@ -18,6 +18,7 @@ from sb3_contrib import TQC, CrossQ
 from stable_baselines3 import A2C, PPO, SAC, TD3
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.noise import NormalActionNoise
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.utils import LinearSchedule
 from stable_baselines3.common.vec_env import VecEnv
 
@@ -54,8 +55,8 @@ class Algorithm:
 
     @property
     def off_policy(self) -> bool:
-        """True for the replay-buffer algorithms."""
-        return issubclass(self.cls, SAC | TD3 | TQC | CrossQ)
+        """True for the replay-buffer algorithms (SB3's off-policy base class)."""
+        return issubclass(self.cls, OffPolicyAlgorithm)
 
 
 def scheduled(value: float, schedule: Schedule) -> Any:

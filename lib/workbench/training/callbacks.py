@@ -75,11 +75,7 @@ class IterationCallback(BaseCallback):
         now, cpu = time.perf_counter(), tree_cpu_seconds()
         self.logger.record("time/rollout_s", now - self.rollout_started)
         self.logger.record("time/rollout_cpu_s", cpu - self.cpu_mark)
-        if self.eval_env is not None and self._eval_due():
-            mean, std = evaluate(self.model, self.training_env, self.eval_env, self.n_episodes)
-            self.logger.record("eval/mean_reward", mean)
-            self.logger.record("eval/std_reward", std)
-            self.logger.record("time/eval_s", time.perf_counter() - now)
+        self._evaluate_if_due(now)
         self.rollout_ended, self.cpu_mark = time.perf_counter(), tree_cpu_seconds()
 
     def _on_training_end(self) -> None:
@@ -87,6 +83,16 @@ class IterationCallback(BaseCallback):
             self.logger.record("time/update_cpu_s", tree_cpu_seconds() - self.cpu_mark)
         self._record_update(time.perf_counter())
         self.logger.dump(self.num_timesteps)
+
+    def _evaluate_if_due(self, now: float) -> None:
+        """A deterministic evaluation when one is due, recorded as ``eval/*`` and the seconds
+        it took since ``now`` (``time/eval_s``)."""
+        if self.eval_env is None or not self._eval_due():
+            return
+        mean, std = evaluate(self.model, self.training_env, self.eval_env, self.n_episodes)
+        self.logger.record("eval/mean_reward", mean)
+        self.logger.record("eval/std_reward", std)
+        self.logger.record("time/eval_s", time.perf_counter() - now)
 
     def _eval_due(self) -> bool:
         if self.every_steps <= 0 or self.num_timesteps >= self.total:
@@ -151,11 +157,7 @@ class OffPolicyIterationCallback(IterationCallback):
         now, cpu = time.perf_counter(), time.process_time()
         self.sums["rollout_s"] += now - self.rollout_started
         self.sums["rollout_cpu_s"] += cpu - self.cpu_mark
-        if self.eval_env is not None and self._eval_due():
-            mean, std = evaluate(self.model, self.training_env, self.eval_env, self.n_episodes)
-            self.logger.record("eval/mean_reward", mean)
-            self.logger.record("eval/std_reward", std)
-            self.logger.record("time/eval_s", time.perf_counter() - now)
+        self._evaluate_if_due(now)
         self.rollout_ended, self.cpu_mark = time.perf_counter(), time.process_time()
 
     def _on_training_end(self) -> None:

@@ -100,7 +100,7 @@ def train(
                                           setup.uri, run.run_id, setup.run_name,
                                           setup.vec_choice, run.run.info.artifact_uri))
         model.set_logger(build_logger(run.client, run.run_id, cfg, setup.derived.iterations))
-        off_policy = algorithms.algorithm(cfg.algo).off_policy
+        off_policy = cfg.algo.off_policy
         recovery = run.checkpoints(
             cfg, train_env, eval_env, start.checkpoint_steps(),
             capture_every=setup.derived.log_every_steps if off_policy else 0,
@@ -146,7 +146,7 @@ def build_logger(
     client: MlflowClient, run_id: str, cfg: WorkbenchConfig, iterations: int
 ) -> Logger:
     """SB3 logger whose writers are MLflow (always) and the console line (optional)."""
-    late = late_prefixes(algorithms.algorithm(cfg.algo).off_policy)
+    late = late_prefixes(cfg.algo.off_policy)
     writers: list[Any] = [MlflowWriter(client, run_id, late)]
     if cfg.console.iteration_lines:
         writers.append(ConsoleWriter(iterations, late))
@@ -161,7 +161,7 @@ def build_callbacks(cfg: WorkbenchConfig, train_env: VecEnv, eval_env: VecEnv,
     bar when enabled."""
     timing = IterationCallback(eval_env, cfg.eval.every_steps, cfg.eval.n_episodes,
                                cfg.total_timesteps)
-    if algorithms.algorithm(cfg.algo).off_policy:
+    if cfg.algo.off_policy:
         timing = OffPolicyIterationCallback(eval_env, cfg.eval.every_steps, cfg.eval.n_episodes,
                                             cfg.total_timesteps, log_every)
     callbacks: list[Any] = [

@@ -43,6 +43,7 @@ from workbench.sweeps.point import (
     PointOutcome,
     PointSpec,
 )
+from workbench.sweeps.request import rollout_steps
 from workbench.sweeps.store import (
     child_filter,
     command_source_tags,
@@ -441,8 +442,7 @@ def trial_spec(plan: TunePlan, number: int, values: dict[str, Any], parent_id: s
     """
     base = plan.base
     num_envs = int(values.get("num_envs", base.env.num_envs))
-    # the notebook's n_steps: 0 for the off-policy algorithms, which have none
-    n_steps = int(values.get("n_steps", getattr(base.algo, "n_steps", 0)))
+    n_steps = int(values.get("n_steps", rollout_steps(base)))  # 0: off-policy, none
     adjusted: dict[str, Any] = {}
     if isinstance(base.algo, PPOConfig) and int(values.get("batch_size", 0)) > num_envs * n_steps:
         adjusted["batch_size"] = num_envs * n_steps
