@@ -22,6 +22,10 @@ Schema (docs/tracking.md; ``tests/test_manifest.py:assert_manifest_schema`` chec
     run           started_by, command, argv, notebook, papermill_parameters, overrides, seed,
                   hostname, user, cwd, deterministic, environment, run_id, plus whatever else
                   the caller passed as ``run_info``
+    inputs        the files the run read ({} outside a run): robot {env_id, model, sha256,
+                  files {path: {sha256, size}}} (null for an env without an MJCF model) and
+                  dataset {repo_id, revision, commit, url, sha256, local_dir, files} (null
+                  without ``init.dataset``); see docs/tracking.md#inputs
 
 Secrets never reach a manifest, param, tag or artifact (:func:`scrub`): environment variables
 whose names look like credentials are never recorded and their values are masked wherever
@@ -68,7 +72,13 @@ MANIFEST_FILE = "manifest.json"
 GIT_DIFF_FILE = "git.diff"
 TOP_LEVEL_KEYS = (
     "created_at", "python", "packages", "pip_freeze", "os", "hardware", "cuda", "git", "run",
+    "inputs",
 )
+# What a manifest must hold to be compared: ``inputs`` came later, and manifests recorded
+# before it are still manifests.
+REQUIRED_KEYS = TOP_LEVEL_KEYS[:-1]
+# Input facts that describe where this machine keeps a file, not what it is: not compared.
+INPUT_KEYS_NOT_COMPARED = ("local_dir",)
 # Versions every manifest lists by name (docs/tracking.md), then the project's other key pieces.
 HEADLINE_PACKAGES = (
     "torch", "stable-baselines3", "gymnasium", "mujoco", "mlflow", "hydra-core", "papermill",
@@ -105,8 +115,10 @@ def collect_manifest(
     seed: int | None = None,
     root: Path | None = None,
     run_id: str | None = None,
+    inputs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """This machine's manifest, secrets removed; ``root`` is the checkout git describes."""
+    """This machine's manifest, secrets removed; ``root`` is the checkout git describes,
+    ``inputs`` the files the run read (:mod:`workbench.tracking.inputs`)."""
     versions = installed_versions()
     manifest: dict[str, Any] = {
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -118,6 +130,7 @@ def collect_manifest(
         "cuda": {},
         "git": collect_git(paths.project_root() if root is None else root),
         "run": collect_run(run_info, seed=seed, run_id=run_id),
+        "inputs": dict(inputs or {}),
     }
     manifest["cuda"] = collect_cuda(manifest["hardware"]["gpus"])
     return scrub(manifest)  # type: ignore[no-any-return]
@@ -551,16 +564,18 @@ def record_manifest(
     seed: int | None = None,
     root: Path | None = None,
     keep_tags: Sequence[str] = (),
+    inputs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Collect the manifest and store it with run ``run_id``; returns it.
 
-    Logs ``manifest.json`` at the artifact root, the headline tags (except names in
-    ``keep_tags``, which the caller already set on purpose) and ``git.diff`` when the work
-    tree has uncommitted changes, so the exact code can be recovered.
+    Logs ``manifest.json`` at the artifact root (with the run's ``inputs``), the headline
+    tags (except names in ``keep_tags``, which the caller already set on purpose) and
+    ``git.diff`` when the work tree has uncommitted changes, so the exact code can be
+    recovered.
     """
 
     root = paths.project_root() if root is None else root
-    manifest = collect_manifest(run_info, seed=seed, root=root, run_id=run_id)
+    manifest = collect_manifest(run_info, seed=seed, root=root, run_id=run_id, inputs=inputs)
     client.log_text(run_id, to_json(manifest), MANIFEST_FILE)
     tags = {k: v for k, v in headline_tags(manifest).items() if k not in keep_tags}
     set_tags(client, run_id, tags)

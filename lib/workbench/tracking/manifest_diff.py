@@ -2,9 +2,11 @@
 
 A manifest comes from a run id of the configured store or a ``manifest.json`` path; the
 comparison covers the environment facts (:func:`comparable`: packages, OS, hardware, CUDA,
-git, the run's recorded environment variables) and, where both sides carry one, the
-resolved config. Rendered as aligned text, JSON or Markdown (reports). The ``manifest``
-command's parser lives here too, with ``manifest lock`` (``manifest_lock.py``).
+git, the run's recorded environment variables), the run's inputs (each robot and dataset file
+by path: a changed mesh shows as ``inputs  robot.files.<path>.sha256``) and, where both
+sides carry one, the resolved config. Rendered as aligned text, JSON or Markdown (reports).
+The ``manifest`` command's parser lives here too, with ``manifest lock``
+(``manifest_lock.py``).
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ if TYPE_CHECKING:
     import argparse
 
 from workbench.tracking.manifest import (
+    INPUT_KEYS_NOT_COMPARED,
     MANIFEST_FILE,
+    REQUIRED_KEYS,
     RUN_KEYS_COMPARED,
-    TOP_LEVEL_KEYS,
     collect_manifest,
     normalize_name,
     to_json,
@@ -73,7 +76,9 @@ def comparable(manifest: Mapping[str, Any]) -> dict[str, Any]:
     """The manifest's environment facts as ``{"section.key": value}`` for comparison.
 
     ``created_at`` and the per-invocation run details (command, cwd, run id) are left out;
-    ``pip_freeze`` is compared per package, without repeating the headline ``packages``.
+    ``pip_freeze`` is compared per package, without repeating the headline ``packages``;
+    ``inputs`` file by file (``inputs.robot.files.<path>.sha256``), without where this
+    machine keeps them (``local_dir``). A manifest recorded before inputs were has none.
     """
     flat: dict[str, Any] = {}
     for section in ("python", "packages", "os", "hardware", "cuda", "git"):
@@ -86,6 +91,14 @@ def comparable(manifest: Mapping[str, Any]) -> dict[str, Any]:
     run = manifest.get("run", {})
     for key in RUN_KEYS_COMPARED:
         flat.update(_flatten({key: run.get(key)}, "run."))
+    inputs = manifest.get("inputs") or {}
+    if not isinstance(inputs, Mapping):  # not what a workbench writes: compared as it is
+        flat["inputs"] = inputs
+        return flat
+    for kind, record in inputs.items():
+        if isinstance(record, Mapping):
+            record = {k: v for k, v in record.items() if k not in INPUT_KEYS_NOT_COMPARED}
+        flat.update(_flatten({kind: record}, "inputs."))
     return flat
 
 
@@ -215,7 +228,7 @@ def nesting_depth(value: Any) -> int:
 
 def _check_is_manifest(manifest: Any, label: str) -> None:
 
-    missing = [k for k in TOP_LEVEL_KEYS if not isinstance(manifest, dict) or k not in manifest]
+    missing = [k for k in REQUIRED_KEYS if not isinstance(manifest, dict) or k not in manifest]
     if missing:
         raise ConfigError(
             f"{label}: not a workbench manifest (missing {', '.join(missing)}); "
@@ -300,8 +313,22 @@ def render_markdown(manifest: Mapping[str, Any]) -> str:
     for section in ("cuda", "git", "run"):
         rows = [(k, v) for k, v in manifest[section].items()]
         lines += [f"## {titles[section]}", "", *_md_table(("key", "value"), rows), ""]
+    input_table = input_rows(manifest.get("inputs") or {})
+    lines += ["## Inputs", "", *(_md_table(("input", "file", "sha256", "bytes"), input_table)
+                                 if input_table else ["none"]), ""]
     lines.append(f"pip freeze: {len(manifest['pip_freeze'])} distributions (in the JSON form).")
     return "\n".join(lines) + "\n"
+
+
+def input_rows(inputs: Mapping[str, Any]) -> list[tuple[str, str, str, Any]]:
+    """One row per input file: kind, path, SHA-256 (first 16 hex digits), size."""
+    rows: list[tuple[str, str, str, Any]] = []
+    for kind, record in inputs.items() if isinstance(inputs, Mapping) else ():
+        files = record.get("files") if isinstance(record, Mapping) else None
+        for path, fact in (files or {}).items():
+            if isinstance(fact, Mapping):
+                rows.append((kind, str(path), str(fact.get("sha256"))[:16], fact.get("size")))
+    return rows
 
 
 def render_diff_text(diffs: Sequence[Difference], a: str, b: str) -> str:
@@ -309,7 +336,7 @@ def render_diff_text(diffs: Sequence[Difference], a: str, b: str) -> str:
     head = [f"A: {a}", f"B: {b}"]
     if not diffs:
         return "\n".join([*head, "identical: no differences in packages, OS, hardware, CUDA, "
-                          "git or config"]) + "\n"
+                          "git, inputs or config"]) + "\n"
     rows = [("section", "key", "A", "B")] + [
         (d.section, d.key, diff_cell(d.a), diff_cell(d.b)) for d in diffs
     ]

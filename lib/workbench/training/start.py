@@ -22,12 +22,14 @@ from stable_baselines3.common.vec_env import VecEnv
 from workbench import config
 from workbench.config import ConfigError, Device, OffPolicyConfig, WorkbenchConfig
 from workbench.envs.checks import check_config
+from workbench.envs.robot_files import RobotFiles, robot_files
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_env
 from workbench.tracking.outbox import DeliveryClient
 from workbench.tracking.store import resolve_tracking_uri
 from workbench.training.algorithms import replay_buffer_bytes
 from workbench.training.bundle import PulledBundle, init_run_info, initialize_model, pull_for_init
+from workbench.training.dataset import PulledDataset, pull_for_run
 from workbench.training.resume import (
     ResumePoint,
     discard_incomplete,
@@ -106,6 +108,13 @@ class Start:
 
     resumed: ResumePoint | None = None  # continue this run from its last checkpoint
     bundle: PulledBundle | None = None  # initialize the policy from this pulled bundle
+    robot: RobotFiles | None = None  # the env's MJCF model and its files, hashed
+    dataset: PulledDataset | None = None  # init.dataset, pulled and checked
+
+    def inputs(self) -> dict[str, Any]:
+        """The manifest's ``inputs`` section: the robot files and the dataset (or null)."""
+        return {"robot": self.robot.to_manifest() if self.robot else None,
+                "dataset": self.dataset.to_manifest() if self.dataset else None}
 
     def env_spec(self, spec: EnvSpec) -> EnvSpec:
         """A resumed run keeps the backend ``vec_env=auto`` chose for it (an exact resume)."""
@@ -142,8 +151,12 @@ def prepare(cfg: WorkbenchConfig) -> Start:
     """Find the checkpoint to resume or pull the bundle to start from; bad input raises here.
 
     Both are checked against ``cfg`` before the run exists, so a wrong run id, revision or
-    network shape is a :class:`ConfigError` (exit 2), not a failed run.
+    network shape is a :class:`ConfigError` (exit 2), not a failed run. So are the run's
+    inputs: the ``init.dataset`` pulled and checked (training/dataset.py), the env's robot
+    files hashed (envs/robot_files.py).
     """
-    if cfg.resume:
-        return Start(resumed=resume_prepare(cfg, resolve_tracking_uri(cfg.tracking.uri)))
-    return Start(bundle=pull_for_init(cfg))
+    start = (Start(resumed=resume_prepare(cfg, resolve_tracking_uri(cfg.tracking.uri)))
+             if cfg.resume else Start(bundle=pull_for_init(cfg)))
+    start.dataset = pull_for_run(cfg.init.dataset)
+    start.robot = robot_files(EnvSpec.from_config(cfg))
+    return start
