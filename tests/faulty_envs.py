@@ -119,6 +119,36 @@ RELEASE_ALL = "release-all"
 HELD = "tests.faulty_envs:WorkbenchTest/HeldCheetah-v0"
 
 
+class CollapsingCheetah(HalfCheetahEnv):
+    """HalfCheetah-v5 whose return rises, then collapses late, whatever the policy does.
+
+    The copies of this process count their steps together (training and evaluation copies
+    alike, in a fixed order for a given run): each step is rewarded count / ``COLLAPSE_AFTER``
+    (0 to 1, so every evaluation returns more than the one before), and once the count
+    passed ``COLLAPSE_AFTER``, ``COLLAPSED_REWARD``. Deterministic: the best checkpoint is
+    the last one evaluated before the collapse. :func:`reset_collapse` starts the count anew
+    (before a run in the test's process; a new process starts from zero).
+    """
+
+    def step(self, action: Any) -> Any:
+        obs, _, terminated, truncated, info = super().step(action)
+        COLLAPSE_COUNT[0] += 1
+        reward = (COLLAPSE_COUNT[0] / COLLAPSE_AFTER if COLLAPSE_COUNT[0] <= COLLAPSE_AFTER
+                  else COLLAPSED_REWARD)
+        return obs, reward, terminated, truncated, info
+
+
+COLLAPSE_AFTER = 700
+COLLAPSED_REWARD = -100.0
+COLLAPSE_COUNT = [0]  # steps made by this process's CollapsingCheetah copies
+COLLAPSING = "tests.faulty_envs:WorkbenchTest/CollapsingCheetah-v0"
+
+
+def reset_collapse() -> None:
+    """Count the steps before the collapse from zero again."""
+    COLLAPSE_COUNT[0] = 0
+
+
 def held_points(folder: Path) -> set[str]:
     """The points (or trials) held now or before under ``folder`` (a store: every sweep's
     and study's notebook folder under it)."""
@@ -137,7 +167,7 @@ def release(folder: Path, point: str | None = None) -> None:
 
 
 for _cls in (CrashingCheetah, SegfaultingCheetah, NanObservationCheetah, NanRewardCheetah,
-             HugeRewardCheetah, HangingCheetah, HeldCheetah):
+             HugeRewardCheetah, HangingCheetah, HeldCheetah, CollapsingCheetah):
     _id = f"WorkbenchTest/{_cls.__name__}-v0"
     if _id not in gymnasium.envs.registry:
         gymnasium.register(_id, entry_point=f"{__name__}:{_cls.__name__}", max_episode_steps=1000)

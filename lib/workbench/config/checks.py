@@ -9,6 +9,7 @@ the simulator (env ids, env kwargs, randomization, EnvPool support) are
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import fields, is_dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from workbench.config.algorithms import (
 )
 from workbench.config.errors import ConfigError
 from workbench.config.schema import (
+    CheckpointKeep,
     InitConfig,
     Range,
     VideoConfig,
@@ -83,6 +85,7 @@ def check_values(cfg: WorkbenchConfig) -> None:
         raise ConfigError(f"tracking.experiment={cfg.tracking.experiment!r}: must not be empty "
                           "(e.g. tracking.experiment=workbench)")
     check_algo(cfg)
+    check_checkpoint(cfg)
     check_init(cfg.init)
     check_video(cfg.video)
 
@@ -123,6 +126,27 @@ def check_off_policy(a: OffPolicyConfig) -> None:
     if isinstance(a, SACConfig) and a.use_sde is False and a.sde_sample_freq != -1:
         raise ConfigError(f"algo.sde_sample_freq={a.sde_sample_freq}: only with gSDE; add "
                           "algo.use_sde=true or drop algo.sde_sample_freq")
+
+
+def check_checkpoint(cfg: WorkbenchConfig) -> None:
+    """``checkpoint.keep=best`` compares periodic checkpoints: they must be written during
+    training, not only at its end (the ranges of ``every_steps`` and ``keep_last`` are the
+    schema's; an unknown ``keep`` value is refused by its ``Enum``)."""
+    c = cfg.checkpoint
+    if c.keep != CheckpointKeep.best:
+        return
+    if c.every_steps == 0:
+        raise ConfigError(
+            "checkpoint.keep=best: checkpoint.every_steps=0 writes no checkpoint during "
+            "training, so there is no best one to keep; set checkpoint.every_steps (e.g. "
+            f"checkpoint.every_steps={max(cfg.total_timesteps // 10, 1)}) or drop "
+            "checkpoint.keep=best")
+    if c.every_steps >= cfg.total_timesteps:
+        raise ConfigError(
+            f"checkpoint.keep=best: checkpoint.every_steps={c.every_steps} is not below "
+            f"total_timesteps={cfg.total_timesteps}, so only the final checkpoint would be "
+            f"evaluated; lower it (e.g. checkpoint.every_steps="
+            f"{max(cfg.total_timesteps // 10, 1)}) or drop checkpoint.keep=best")
 
 
 def check_names(cfg: WorkbenchConfig) -> None:
@@ -201,6 +225,33 @@ def check_init(init: InitConfig) -> None:
             f"init.hub_revision={init.hub_revision}: set without init.hub_repo_id; add "
             "init.hub_repo_id=<org/name> or drop the revision"
         )
+    if init.dataset is not None:
+        check_dataset(init.dataset)
+
+
+# ``init.dataset``: ORG/NAME@REVISION, names as the Hub allows them (letters, digits, "-",
+# "_", "."; no "--" or ".."), the revision a full commit: the only one that never moves.
+DATASET_SPEC = re.compile(r"(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]"
+                          r"{0,95})@(?P<revision>.+)")
+COMMIT = re.compile(r"[0-9a-f]{40}")
+DATASET_EXAMPLE = "init.dataset=my-org/walk-logs@<40-hex commit sha>"
+
+
+def check_dataset(value: str) -> tuple[str, str]:
+    """``init.dataset`` as ``(repo_id, commit)``; one line naming the problem otherwise."""
+    match = DATASET_SPEC.fullmatch(value.strip())
+    repo = match.group("repo") if match else ""
+    if match is None or "--" in repo or ".." in repo or repo.endswith((".", "-")):
+        raise ConfigError(f"init.dataset={value!r}: not ORG/NAME@REVISION; write it as "
+                          f"{DATASET_EXAMPLE}")
+    revision = match.group("revision")
+    if not COMMIT.fullmatch(revision):
+        what = ("a short or upper-case sha" if re.fullmatch(r"[0-9a-fA-F]{7,40}", revision)
+                else "a branch or tag name, which can move")
+        raise ConfigError(f"init.dataset={value}: the revision {revision!r} is {what}; pin the "
+                          f"full 40-character commit sha ({repo}'s history on the Hub shows it), "
+                          f"e.g. init.dataset={repo}@<commit>")
+    return repo, revision
 
 
 def describe_omegaconf_error(exc: OmegaConfBaseException) -> str:

@@ -208,6 +208,15 @@ class RayConfig:
     gpus_per_point: float = 0.0  # GPUs Ray gives each point (0.5: two share one); 0: none
 
 
+class CheckpointKeep(StrEnum):
+    """Which checkpoints a run keeps (``checkpoint.keep``; docs/robustness.md)."""
+
+    last = "last"  # the newest checkpoint.keep_last
+    # those and the best-evaluated one: each checkpoint written every checkpoint.every_steps
+    # gets a deterministic evaluation (eval.n_episodes episodes on the evaluation env)
+    best = "best"
+
+
 @dataclass
 class CheckpointConfig:
     """Checkpoints in the run's artifacts (``checkpoints/step-<N>/``), for ``resume=<run_id>``."""
@@ -215,6 +224,7 @@ class CheckpointConfig:
     # write one every N env steps (0: only at the end, on stop/failure)
     every_steps: int = ranged(50_000, 0, example=50000)
     keep_last: int = ranged(3, 0, example=3)  # newest checkpoints kept in the run (0: all)
+    keep: CheckpointKeep = CheckpointKeep.last  # last | best (keep the best-evaluated too)
     # off-policy algorithms: checkpoints carry the replay buffer (its filled part) while it
     # is at most this many MiB in memory; a larger one is left out and a resume refills it
     # with algo.learning_starts steps of fresh experience (the header says which applies)
@@ -307,11 +317,15 @@ class ReproConfig:
 
 @dataclass
 class InitConfig:
-    """Start training from a policy bundle pulled from the Hugging Face Hub (deploy/hub.py)."""
+    """Start training from a policy bundle pulled from the Hugging Face Hub (deploy/hub.py),
+    and with a Hub dataset pulled at a pinned commit (``dataset``)."""
 
     hub_repo_id: str | None = None  # e.g. my-org/halfcheetah-ppo; None: fresh initialization
     hub_revision: str | None = None  # commit sha or tag (required with hub_repo_id); logged
     # resolved to its commit as the param init.hub_commit
+    # ORG/NAME@<40-hex commit>: a Hub dataset pulled before training (training/dataset.py);
+    # its folder is WORKBENCH_DATASET_DIR while the run trains
+    dataset: str | None = None
 
 
 @dataclass

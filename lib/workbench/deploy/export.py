@@ -40,11 +40,14 @@ from stable_baselines3.common.vec_env import VecNormalize
 from workbench import config
 from workbench.config import ConfigError, RandomizationConfig, WorkbenchConfig
 from workbench.deploy.arguments import (
+    BEST,
     DEFAULT_CALLS,
     DEFAULT_EPISODES,
     DEFAULT_OBSERVATIONS,
     DEFAULT_WARMUP,
+    LAST,
     check_budget,
+    check_checkpoint_choice,
 )
 from workbench.deploy.arguments import MIN_CALLS as MIN_CALLS  # benchmarks/gpu_check.py's
 from workbench.deploy.graph import (
@@ -62,6 +65,12 @@ from workbench.envs.checks import check_data_env_id
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_env, make_eval_env
 from workbench.envs.video import VideoSettings
+from workbench.tracking.logged_models import (
+    EVAL_MEAN_KEY,
+    EVAL_STD_KEY,
+    BestCheckpoint,
+    best_checkpoint,
+)
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import is_embedded, make_client, resolve_tracking_uri
 from workbench.training import checkpoint
@@ -315,25 +324,37 @@ def library_versions() -> dict[str, str]:
 # --------------------------------------------------------------------------- runs in MLflow
 
 
-def load_run(client: Any, run_id: str, workdir: Path,
-             allowed_modules: Sequence[str] = ()) -> PolicySource:
-    """The policy of a finished run, rebuilt from what the run wrote as data.
+@dataclass(frozen=True)
+class ChosenCheckpoint:
+    """The checkpoint of a run that an export reads, and why (``--checkpoint``)."""
 
-    A run may come from a shared store (a team server, a copied store), so nothing of it is
-    unpickled: SB3's ``model/model.zip`` and ``vecnormalize.pkl`` are never read. The weights
-    and VecNormalize statistics come from the run's last checkpoint (safetensors and JSON,
-    hashes checked, shapes checked against the network, see
-    :mod:`workbench.training.checkpoint`), which training writes at its end; the network from
-    that checkpoint's ``config.yaml``, whose ``module:Id`` env is imported only when the user
-    allowed that module (``--allow-module``), as for a Hub bundle.
-    """
-    run = get_run(client, run_id)
-    names = {a.path for a in client.list_artifacts(run_id, "model")}
-    if "model/model.zip" not in names:
-        raise ConfigError(
-            f"run {run_id}: has no model/model.zip (status {run.info.status}); export needs "
-            "a run whose training finished"
-        )
+    stored: checkpoint.StoredCheckpoint
+    choice: str  # "final" (no --checkpoint), "last", "best" or the step asked for
+    eval_mean_reward: float | None = None  # its own evaluation (checkpoint/eval_*), if any
+    eval_std_reward: float | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The export report's ``checkpoint`` section."""
+        return {"choice": self.choice, "step": self.stored.step, "path": self.stored.path,
+                "eval_mean_reward": self.eval_mean_reward,
+                "eval_std_reward": self.eval_std_reward}
+
+
+def choose_checkpoint(client: Any, run: Any, choice: str | None) -> ChosenCheckpoint:
+    """The run's checkpoint to export: the final one (``choice`` None: the run must have
+    finished and the checkpoint be of its last step), the newest (``last``), the
+    best-evaluated (``best``, ``checkpoint.keep=best``) or the one of a step. A choice the
+    run cannot meet is a :class:`ConfigError` listing the checkpoints it has."""
+    run_id = run.info.run_id
+    if choice is not None:
+        check_checkpoint_choice(choice)
+    if choice is None:
+        names = {a.path for a in client.list_artifacts(run_id, "model")}
+        if "model/model.zip" not in names:
+            raise ConfigError(
+                f"run {run_id}: has no model/model.zip (status {run.info.status}); export "
+                "needs a run whose training finished (or --checkpoint last|best|STEP)"
+            )
     complete = [c for c in checkpoint.stored_checkpoints(client, run_id) if c.complete]
     if not complete:
         raise ConfigError(
@@ -341,7 +362,68 @@ def load_run(client: Any, run_id: str, workdir: Path,
             "policy from the checkpoint training writes at its end, never from SB3's "
             "pickles); train it again with this version of the workbench"
         )
-    final = complete[-1]
+    by_step = {c.step: c for c in complete}
+    best = best_checkpoint(run.data.tags, run.data.metrics)
+    if choice is None or choice == LAST:
+        chosen = complete[-1]
+    elif choice == BEST:
+        if best is None or best.step not in by_step:
+            why = ("records no best checkpoint (it was not trained with checkpoint.keep=best)"
+                   if best is None else f"lost its best checkpoint (step {best.step})")
+            raise ConfigError(f"run {run_id}: --checkpoint best: the run {why}; it has "
+                              f"{checkpoint_list(complete, None)}")
+        chosen = by_step[best.step]
+    elif int(choice) in by_step:
+        chosen = by_step[int(choice)]
+    else:
+        raise ConfigError(f"run {run_id}: --checkpoint {choice}: no checkpoint of that step; "
+                          f"the run has {checkpoint_list(complete, best)}")
+    if choice is None:
+        check_final(client, run_id, chosen.step)
+    mean, std = checkpoint_evaluation(client, run_id, chosen.step)
+    return ChosenCheckpoint(chosen, choice or "final", mean, std)
+
+
+def checkpoint_list(complete: Sequence[checkpoint.StoredCheckpoint],
+                    best: BestCheckpoint | None) -> str:
+    """``checkpoints of steps 384 (best), 896, 1024 (last): --checkpoint best|last|STEP``."""
+    steps = []
+    for c in complete:
+        marks = [m for m, hit in (("best", best is not None and c.step == best.step),
+                                  ("last", c is complete[-1])) if hit]
+        steps.append(f"{c.step} ({'/'.join(marks)})" if marks else str(c.step))
+    usable = "best|last|STEP" if best is not None else "last|STEP"
+    return f"checkpoints of steps {', '.join(steps)}: --checkpoint {usable}"
+
+
+def checkpoint_evaluation(client: Any, run_id: str, step: int
+                          ) -> tuple[float | None, float | None]:
+    """The evaluation the run recorded for its checkpoint of ``step`` (None: none made)."""
+    found = []
+    for key in (EVAL_MEAN_KEY, EVAL_STD_KEY):
+        values = [m.value for m in client.get_metric_history(run_id, key) if m.step == step]
+        found.append(float(values[-1]) if values else None)
+    return found[0], found[1]
+
+
+def load_run(client: Any, run_id: str, workdir: Path,
+             allowed_modules: Sequence[str] = (),
+             checkpoint_choice: str | ChosenCheckpoint | None = None) -> PolicySource:
+    """The policy of a run, rebuilt from what the run wrote as data.
+
+    A run may come from a shared store (a team server, a copied store), so nothing of it is
+    unpickled: SB3's ``model/model.zip`` and ``vecnormalize.pkl`` are never read. The weights
+    and VecNormalize statistics come from one of the run's checkpoints (safetensors and JSON,
+    hashes checked, shapes checked against the network, see
+    :mod:`workbench.training.checkpoint`): by default the one training writes at its end,
+    else the one ``checkpoint_choice`` names (:func:`choose_checkpoint`); the network from
+    that checkpoint's ``config.yaml``, whose ``module:Id`` env is imported only when the user
+    allowed that module (``--allow-module``), as for a Hub bundle.
+    """
+    run = get_run(client, run_id)
+    chosen = (checkpoint_choice if isinstance(checkpoint_choice, ChosenCheckpoint)
+              else choose_checkpoint(client, run, checkpoint_choice))
+    final = chosen.stored
     try:
         state, config_yaml = checkpoint.download(client, run_id, final, workdir)
         cfg = config.from_yaml(config_yaml)
@@ -349,7 +431,6 @@ def load_run(client: Any, run_id: str, workdir: Path,
         raise ConfigError(f"run {run_id}: checkpoint {final.path} cannot be exported from: "
                           f"{exc}; delete that folder from the run's artifacts or train again"
                           ) from exc
-    check_final(client, run_id, final.step)
     check_data_env_id(cfg.env.id, allowed_modules, PULL_TRUST_HINT)
     problem = checkpoint.misfit(state, cfg)
     if problem:
@@ -367,14 +448,14 @@ def load_run(client: Any, run_id: str, workdir: Path,
                               "statistics, but the run's config normalizes observations")
         set_vecnormalize_state(vecnormalize, state["vecnormalize"])
     metrics = run.data.metrics
-    return PolicySource(
-        model=model,
-        vecnormalize=vecnormalize,
-        config=cfg,
-        eval_mean_reward=metrics.get("summary/eval_mean_reward"),
-        eval_std_reward=metrics.get("summary/eval_std_reward"),
-        origin=f"run {run_id}",
-    )
+    if chosen.choice == "final":
+        mean, std, origin = (metrics.get("summary/eval_mean_reward"),
+                             metrics.get("summary/eval_std_reward"), f"run {run_id}")
+    else:  # the replay is set next to that checkpoint's own evaluation, when it had one
+        mean, std = chosen.eval_mean_reward, chosen.eval_std_reward
+        origin = f"run {run_id} {final.path} (--checkpoint {chosen.choice})"
+    return PolicySource(model=model, vecnormalize=vecnormalize, config=cfg,
+                        eval_mean_reward=mean, eval_std_reward=std, origin=origin)
 
 
 def check_final(client: Any, run_id: str, step: int) -> None:
@@ -464,23 +545,30 @@ def export_run(
     calls: int = DEFAULT_CALLS,
     warmup: int = DEFAULT_WARMUP,
     allowed_modules: Sequence[str] = (),
+    checkpoint_choice: str | None = None,
 ) -> ExportResult:
     """Export run ``run_id`` of the store, verify, and log everything to the run.
 
     ``allowed_modules``: modules the run's ``module:Id`` env may import (see :func:`load_run`).
+    ``checkpoint_choice``: ``last``, ``best`` or a step (``--checkpoint``), instead of the
+    final policy; the report's ``checkpoint`` section says which checkpoint it came from.
 
     The files are built in a temporary folder and logged in one call at the end, so a
     failure part-way leaves nothing half-written on the run.
     """
     check_budget(observations, episodes, calls, warmup)
+    if checkpoint_choice is not None:
+        check_checkpoint_choice(checkpoint_choice)
     client = open_store(tracking_uri)
     with tempfile.TemporaryDirectory(prefix="workbench-export-") as tmp:
-        source = load_run(client, run_id, Path(tmp) / "download", allowed_modules)
+        chosen = choose_checkpoint(client, get_run(client, run_id), checkpoint_choice)
+        source = load_run(client, run_id, Path(tmp) / "download", allowed_modules, chosen)
         result = export_policy(
             source, Path(tmp) / ARTIFACT_DIR, observations=observations, episodes=episodes,
             calls=calls, warmup=warmup,
         )
         result.report["run_id"] = run_id
+        result.report["checkpoint"] = chosen.record()
         (result.directory / REPORT_NAME).write_text(json.dumps(result.report, indent=2) + "\n")
         log_export(client, run_id, result)
         artifact_uri = client.get_run(run_id).info.artifact_uri

@@ -25,6 +25,7 @@ from workbench.review.scaling import Ladder
 from workbench.review.selection import RAY_HOSTNAME, RAY_NODE_ID, RAY_NODE_IP
 from workbench.review.statistics import BOOTSTRAP_REPS
 from workbench.review.videos import PointVideo, video_html
+from workbench.tracking.logged_models import BEST_VALUE_KEY, BestCheckpoint, best_checkpoint
 
 # Characters with a meaning in Markdown (CommonMark and GitHub's: links, emphasis, code, tables,
 # math, strikethrough) that run data may contain; each is written backslash-escaped. ``<``,
@@ -356,17 +357,29 @@ def run_blocks(report: Report) -> list[Block]:
     """Every run shown, with a link to its MLflow page (and the Ray node it ran on, for runs
     of a Ray sweep: select one node's runs with ``--tag ray.node_id=ID``)."""
     on_ray = any(RAY_NODE_ID in r.tags for r in report.runs)
+    best = {r.run_id: best_checkpoint(r.tags, {k: r.last(k) for k in (BEST_VALUE_KEY,)
+                                               if k in r.metrics})
+            for r in report.runs}
+    with_best = any(best.values())  # checkpoint.keep=best runs: which checkpoint, and when
     rows = tuple(
         (Link(r.name, report.run_url(r)), r.run_id, r.status,
          datetime.fromtimestamp(r.start_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S"),
-         fmt(r.final_reward, ".1f"), *((ray_node(r.tags),) if on_ray else ()),
+         fmt(r.final_reward, ".1f"),
+         *((best_text(best[r.run_id]),) if with_best else ()),
+         *((ray_node(r.tags),) if on_ray else ()),
          r.tags.get("mlflow.note.content", ""))
         for r in report.runs
     )
     headers = ("run", "run id", "status", "started (UTC)", "final eval reward",
+               *(("best checkpoint",) if with_best else ()),
                *(("Ray node",) if on_ray else ()), "description")
     blocks = [Block("h2", "Runs"), Block("table", headers=headers, rows=rows)]
     return blocks + (ray_node_blocks(report) if on_ray else [])
+
+
+def best_text(best: BestCheckpoint | None) -> str:
+    """``123.4 at step 4096`` (``checkpoint.keep=best``), ``-`` for a run without one."""
+    return "-" if best is None else f"{fmt(best.value, '.1f')} at step {best.step}"
 
 
 def ray_node_blocks(report: Report) -> list[Block]:

@@ -12,7 +12,9 @@ import math
 import resource
 import sys
 import time
+import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -90,6 +92,8 @@ class IterationCallback(BaseCallback):
         if self.eval_env is None or not self._eval_due():
             return
         mean, std = evaluate(self.model, self.training_env, self.eval_env, self.n_episodes)
+        remember(self.eval_env, Evaluation(policy_version(self.model), self.n_episodes, mean,
+                                           std))
         self.logger.record("eval/mean_reward", mean)
         self.logger.record("eval/std_reward", std)
         self.logger.record("time/eval_s", time.perf_counter() - now)
@@ -189,6 +193,54 @@ def evaluate(
     sync_envs_normalization(train_env, eval_env)  # copies VecNormalize stats when present
     mean, std = evaluate_policy(model, eval_env, n_eval_episodes=n_episodes, deterministic=True)
     return float(mean), float(std)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A deterministic evaluation of one version of the policy."""
+
+    version: tuple[int, int]  # policy_version() of the model evaluated
+    n_episodes: int
+    mean: float
+    std: float
+
+
+def policy_version(model: Any) -> tuple[int, int]:
+    """``(num_timesteps, gradient updates so far)``: the weights change only with the second,
+    and SB3 counts it in ``_n_updates`` (PPO: epochs, A2C: updates, off-policy: gradient
+    steps). PPO's periodic evaluation at step N runs before that iteration's update, so it
+    measures other weights than the checkpoint taken at step N after the update."""
+    return int(model.num_timesteps), int(getattr(model, "_n_updates", 0))
+
+
+# The latest evaluation made on each evaluation env (IterationCallback's periodic ones), so
+# that a checkpoint of the very same policy version is not evaluated a second time.
+_LATEST: weakref.WeakKeyDictionary[VecEnv, Evaluation] = weakref.WeakKeyDictionary()
+
+
+def remember(eval_env: VecEnv, evaluation: Evaluation) -> None:
+    """Record ``evaluation`` as the latest made on ``eval_env``."""
+    _LATEST[eval_env] = evaluation
+
+
+def recall(eval_env: VecEnv, model: Any) -> Evaluation | None:
+    """The latest evaluation made on ``eval_env`` if it measured the model's current weights."""
+    latest = _LATEST.get(eval_env)
+    return latest if latest is not None and latest.version == policy_version(model) else None
+
+
+def evaluate_version(model: Any, train_env: VecEnv, eval_env: VecEnv, n_episodes: int
+                     ) -> tuple[Evaluation, bool]:
+    """The deterministic evaluation of the model's current weights, and whether it was reused:
+    the latest one on ``eval_env`` when it measured this very policy version with as many
+    episodes, else a new one (then remembered)."""
+    latest = recall(eval_env, model)
+    if latest is not None and latest.n_episodes == n_episodes:
+        return latest, True
+    mean, std = evaluate(model, train_env, eval_env, n_episodes)
+    made = Evaluation(policy_version(model), n_episodes, mean, std)
+    remember(eval_env, made)
+    return made, False
 
 
 class RewardComponentsCallback(BaseCallback):

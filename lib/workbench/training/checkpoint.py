@@ -22,12 +22,18 @@ uploaded last: a checkpoint without it is incomplete and ignored.
 A snapshot is captured in memory at every iteration boundary (cheap:
 docs/benchmarks.md#robustness-costs) and written every ``checkpoint.every_steps`` steps, at the end
 of training, and when training is interrupted or fails (the last good boundary).
+
+Each written checkpoint also becomes an MLflow logged model (workbench.tracking.logged_models).
+With ``checkpoint.keep=best`` each checkpoint written every ``every_steps`` steps and at the
+end is evaluated deterministically first, and retention keeps the best-evaluated one besides
+the newest ``keep_last`` (:func:`retention_victims`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -42,15 +48,28 @@ from typing import Any
 
 import numpy as np
 import torch
+from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import VecEnv
 
 from workbench.config import WorkbenchConfig
+from workbench.config.schema import CheckpointKeep
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_env
 from workbench.tracking import runs
+from workbench.tracking.logged_models import (
+    BEST_STEP_TAG,
+    BEST_VALUE_KEY,
+    EVAL_MEAN_KEY,
+    EVAL_STD_KEY,
+    CheckpointEvaluation,
+    CheckpointModels,
+    is_better,
+    now_ms,
+)
 from workbench.tracking.outbox import DeliveryClient
+from workbench.training.callbacks import evaluate_version, recall
 from workbench.training.faults import Interruption
 from workbench.training.model import build_model
 from workbench.training.snapshot import capture, is_restorable, materialize
@@ -375,6 +394,33 @@ def download(client: MlflowClient, run_id: str, stored: StoredCheckpoint, dst: P
     return state, config_yaml
 
 
+# --------------------------------------------------------------------------- retention
+
+
+def retention_victims(saved_steps: Sequence[int], keep_last: int, best_step: int | None
+                      ) -> list[int]:
+    """The checkpoints retention deletes: all but the newest ``keep_last`` (0 keeps all) and
+    the best-evaluated one (``best_step``; None with ``checkpoint.keep=last``), oldest first."""
+    if keep_last <= 0:
+        return []
+    newest = set(sorted(saved_steps)[-keep_last:])
+    return [step for step in sorted(saved_steps) if step not in newest and step != best_step]
+
+
+def stored_evaluations(client: MlflowClient, run_id: str, steps: Sequence[int]
+                       ) -> dict[int, CheckpointEvaluation]:
+    """The recorded evaluations of a resumed run's checkpoints at ``steps`` (the run's
+    ``checkpoint/eval_*`` metrics); {} when the store cannot say (no best is kept then)."""
+    try:
+        means = {m.step: m for m in client.get_metric_history(run_id, EVAL_MEAN_KEY)}
+        stds = {m.step: m.value for m in client.get_metric_history(run_id, EVAL_STD_KEY)}
+    except Exception:  # the store is away: the best is found among the new checkpoints only
+        return {}
+    return {step: CheckpointEvaluation(step, means[step].value, stds.get(step, math.nan),
+                                       means[step].timestamp)
+            for step in steps if step in means}
+
+
 # --------------------------------------------------------------------------- the callback
 
 
@@ -389,6 +435,17 @@ class RecoveryCallback(BaseCallback):
       the rollout (the step in flight completes first); at most every
       ``runs.HEARTBEAT_INTERVAL_S`` seconds the run's heartbeat tag is refreshed.
     - At the end: the final state is written; after a stop request, the last boundary.
+    - ``keep="best"``: a checkpoint written every ``every_steps`` or at the end is first
+      evaluated deterministically (``eval_episodes`` episodes on ``eval_env``; the periodic
+      evaluation's result when it measured these very weights). The evaluation runs before
+      the snapshot is captured, so the evaluation env's RNG in the checkpoint is the one the
+      uninterrupted run continues with, and a resumed run logs what it would have. Retention
+      keeps the best-evaluated checkpoint besides the newest ``keep_last``; the run records
+      it (tag ``checkpoint.best_step``, metric ``checkpoint/best_eval_mean_reward``). A
+      checkpoint written after a failure or a stop is not evaluated: the model has moved on
+      from its weights.
+    - With ``experiment_id``: every written checkpoint becomes a logged model
+      (:class:`workbench.tracking.logged_models.CheckpointModels`, best effort).
 
     Put it last in the callback list, after callbacks that record into the logger at
     ``on_rollout_start`` and after the one that dumps it at training end.
@@ -408,6 +465,9 @@ class RecoveryCallback(BaseCallback):
         existing_steps: Sequence[int] = (),
         capture_every: int = 0,
         keep_buffer: bool = True,
+        keep: CheckpointKeep = CheckpointKeep.last,
+        eval_episodes: int = 0,
+        experiment_id: str | None = None,
     ) -> None:
         super().__init__()
         self.client = client
@@ -428,6 +488,14 @@ class RecoveryCallback(BaseCallback):
         self.capture_every = capture_every  # 0: at every iteration boundary
         self.next_capture = 0
         self.keep_buffer = keep_buffer  # off-policy: checkpoints carry the replay buffer
+        self.keep = CheckpointKeep(keep)
+        self.eval_episodes = eval_episodes
+        self.evaluation: CheckpointEvaluation | None = None  # of the boundary being saved
+        self.best: CheckpointEvaluation | None = None
+        self.models = None if experiment_id is None else CheckpointModels(
+            MlflowClient(tracking_uri=client.tracking_uri), experiment_id,
+            run_id=lambda: getattr(client, "store_run_id", run_id),
+            unreachable=lambda: getattr(client, "outage_since", None) is not None)
 
     @property
     def last_saved(self) -> str | None:
@@ -438,12 +506,22 @@ class RecoveryCallback(BaseCallback):
         if self.every_steps > 0:
             self.next_due = (self.num_timesteps // self.every_steps + 1) * self.every_steps
         self.heartbeat(force=True)
+        if self.saved_steps:  # a resumed run: its stored checkpoints' records
+            if self.models is not None:
+                self.models.adopt(self.saved_steps)
+            if self.keep == CheckpointKeep.best:
+                for found in stored_evaluations(self.client, self.run_id,
+                                                self.saved_steps).values():
+                    if is_better(found.mean, self.best.mean if self.best else None):
+                        self.best = found
 
     def _on_rollout_start(self) -> None:
         due = self.every_steps > 0 and self.num_timesteps >= self.next_due
         if self.capture_every and not due and self.num_timesteps < self.next_capture:
             return  # off-policy: a boundary every train_freq steps, a snapshot less often
         self.next_capture = self.num_timesteps + self.capture_every
+        if due:
+            self.evaluate()
         self.snapshot = capture(self.model, self.train_env, self.eval_env, self.restorable)
         if due:
             while self.next_due <= self.num_timesteps:
@@ -456,8 +534,29 @@ class RecoveryCallback(BaseCallback):
 
     def _on_training_end(self) -> None:
         if not self.interruption.requested:
+            self.evaluate()
             self.snapshot = capture(self.model, self.train_env, self.eval_env, self.restorable)
         self.save()
+        if self.models is not None:
+            self.models.close()
+
+    def evaluate(self) -> None:
+        """The deterministic evaluation of the checkpoint about to be captured and written:
+        with ``keep="best"`` made (or reused), else only the periodic evaluation's when it
+        measured these very weights."""
+        self.evaluation = None
+        step = self.num_timesteps
+        if self.eval_env is None or step in self.saved_steps:
+            return
+        if self.keep == CheckpointKeep.best and self.eval_episodes > 0:
+            made, reused = evaluate_version(self.model, self.train_env, self.eval_env,
+                                            self.eval_episodes)
+        else:
+            found = recall(self.eval_env, self.model)
+            if found is None:
+                return
+            made, reused = found, True
+        self.evaluation = CheckpointEvaluation(step, made.mean, made.std, now_ms(), reused)
 
     def heartbeat(self, force: bool = False) -> None:
         """Refresh the run's heartbeat tag (throttled)."""
@@ -488,16 +587,45 @@ class RecoveryCallback(BaseCallback):
         self.save_times_s.append(time.perf_counter() - started)
         self.saved_steps.append(step)
         self.client.set_tag(self.run_id, "workbench.checkpoint", path)
+        self.record(step, path)
         self.apply_retention()
+        if self.models is not None:
+            self.models.sync()
         return path
 
+    def record(self, step: int, path: str) -> None:
+        """The checkpoint's evaluation in the run (through the outbox), the best one, and
+        its logged model (made at the next sync)."""
+        evaluation = self.evaluation if self.evaluation and self.evaluation.step == step else None
+        better = False
+        if evaluation is not None:
+            self.client.log_batch(self.run_id, metrics=evaluation.metrics())
+            better = self.keep == CheckpointKeep.best and is_better(
+                evaluation.mean, self.best.mean if self.best else None)
+        if better and evaluation is not None:
+            self.best = evaluation
+            self.client.log_batch(
+                self.run_id,
+                metrics=[Metric(BEST_VALUE_KEY, evaluation.mean, evaluation.timestamp_ms, step)],
+                tags=[RunTag(BEST_STEP_TAG, str(step))])
+        if self.models is not None:
+            self.models.add(step, path, evaluation)
+            if better:
+                self.models.set_best(step)
+
+    @property
+    def best_step(self) -> int | None:
+        """Step of the best-evaluated checkpoint (``keep="best"``), None before the first."""
+        return self.best.step if self.best and self.keep == CheckpointKeep.best else None
+
     def apply_retention(self) -> None:
-        """Delete the oldest checkpoints beyond ``keep_last`` (0 keeps all)."""
-        if self.keep_last <= 0:
-            return
-        while len(self.saved_steps) > self.keep_last:
-            oldest = self.saved_steps.pop(0)
-            self.client.delete_artifacts(self.run_id, checkpoint_path(oldest))
+        """Delete the checkpoints :func:`retention_victims` names (keeping the best one and
+        the newest ``keep_last``; 0 keeps all); their logged models stay, marked deleted."""
+        for step in retention_victims(self.saved_steps, self.keep_last, self.best_step):
+            self.saved_steps.remove(step)
+            self.client.delete_artifacts(self.run_id, checkpoint_path(step))
+            if self.models is not None:
+                self.models.set_deleted(step)
 
 
 def save_last_good(recovery: RecoveryCallback | None, write: bool = True) -> str | None:

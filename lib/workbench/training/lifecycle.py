@@ -38,6 +38,7 @@ from workbench.envs.calibration import VecEnvChoice, choose_vec_env
 from workbench.envs.cores import auto_torch_threads
 from workbench.envs.spec import EnvSpec
 from workbench.tracking import manifest
+from workbench.tracking.inputs import log_run_inputs
 from workbench.tracking.outbox import DeliveryClient
 from workbench.tracking.redaction import redact_uri, scrub, scrub_command, scrub_yaml
 from workbench.tracking.rejection import origin_of
@@ -149,12 +150,15 @@ class TrainingRun:
         return str(self.run.info.run_id)
 
     def record(self, setup: RunSetup, start: Start, run_info: Mapping[str, Any] | None) -> None:
-        """Manifest, params (a resumed run keeps its own: MLflow's are write-once), config."""
+        """Manifest (with the run's inputs, also logged as MLflow run inputs), params (a
+        resumed run keeps its own: MLflow's are write-once), config."""
         cfg = setup.cfg
         self.manifest = manifest.record_manifest(
             self.client, self.run_id, start.run_info(run_info), seed=cfg.seed,
-            keep_tags=list(setup.tags),
+            keep_tags=list(setup.tags), inputs=start.inputs(),
         )
+        log_run_inputs(self.client, store_id(self.client, self.run_id), self.manifest["inputs"],
+                       start.robot.location if start.robot else None)
         if start.resumed is None:
             params = {**run_params(cfg, setup.derived, setup.torch_threads),
                       **setup.vec_choice.params(), **start.params()}
@@ -176,12 +180,14 @@ class TrainingRun:
                     keep_buffer: bool = True) -> RecoveryCallback:
         """The callback that snapshots, checkpoints, heartbeats and stops on request
         (off-policy: a snapshot every ``capture_every`` steps, the replay buffer in the
-        checkpoints with ``keep_buffer``)."""
+        checkpoints with ``keep_buffer``), evaluates them with ``checkpoint.keep=best`` and
+        makes them the run's logged models."""
         self.recovery = RecoveryCallback(
             self.client, self.run_id, self.config_yaml, train_env, eval_env,
             every_steps=cfg.checkpoint.every_steps, keep_last=cfg.checkpoint.keep_last,
             interruption=self.interruption, existing_steps=existing_steps,
-            capture_every=capture_every, keep_buffer=keep_buffer,
+            capture_every=capture_every, keep_buffer=keep_buffer, keep=cfg.checkpoint.keep,
+            eval_episodes=cfg.eval.n_episodes, experiment_id=self.run.info.experiment_id,
         )
         return self.recovery
 

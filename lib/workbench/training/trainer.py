@@ -26,6 +26,7 @@ from workbench import console
 from workbench.config import OffPolicyConfig, WorkbenchConfig
 from workbench.envs.vector import make_envs, make_eval_env
 from workbench.envs.video import VideoSettings
+from workbench.tracking.logged_models import BestCheckpoint
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.writer import MlflowWriter, late_prefixes
 from workbench.training.callbacks import (
@@ -35,6 +36,7 @@ from workbench.training.callbacks import (
     evaluate,
     reward_component_callbacks,
 )
+from workbench.training.dataset import dataset_environment
 from workbench.training.describe import header_lines, run_source_tags
 from workbench.training.faults import UpdateCheck
 from workbench.training.lifecycle import open_run, setup_run
@@ -64,6 +66,8 @@ class TrainResult:
     video_seconds: float = 0.0  # what recording videos added to the run
     video_line: str = ""  # the summary's video row
     checkpoint: str | None = None  # artifact path of the newest checkpoint, to resume from
+    # checkpoint.keep=best: the best-evaluated checkpoint's step and mean deterministic return
+    best_checkpoint: BestCheckpoint | None = None
 
 
 def train(
@@ -85,10 +89,11 @@ def train(
     checkpoint of the last good state is kept in every case.
     """
     cfg = validate(cfg)  # bad input raises here or in the next two lines: nothing written yet
-    start = prepare(cfg)  # fresh, the run's own checkpoint (resume=) or a Hub bundle (init.*)
+    start = prepare(cfg)  # fresh, the run's own checkpoint (resume=) or a Hub bundle (init.*);
+    # the inputs: the robot files, the init.dataset pulled (WORKBENCH_DATASET_DIR in the run)
     setup = setup_run(cfg, start, tags={**run_source_tags(run_info), **(tags or {})},
                       parent_run_id=parent_run_id)
-    with open_run(setup, start) as run:
+    with dataset_environment(start.dataset), open_run(setup, start) as run:
         run.record(setup, start, run_info)  # manifest, params, config.yaml
         train_env = run.own(make_envs(setup.env_spec))
         eval_env = run.own(make_eval_env(setup.env_spec, randomization=cfg.eval.randomization,
@@ -129,6 +134,8 @@ def train(
         video_seconds=recorder.seconds if recorder else 0.0,
         video_line=recorder.summary(wall) if recorder else "off (video.enabled=false)",
         checkpoint=recovery.last_saved,
+        best_checkpoint=(BestCheckpoint(recovery.best.step, recovery.best.mean)
+                         if recovery.best_step is not None and recovery.best else None),
     )
     print_result(result)
     return result
@@ -221,6 +228,9 @@ def summary_rows(result: TrainResult) -> list[tuple[str, object]]:
         *([("checkpoint", f"artifacts/{result.checkpoint}/ (workbench train "
                           f"resume={result.run_id} total_timesteps=<more> continues it)")]
           if result.checkpoint else []),
+        *([("best checkpoint", f"{result.best_checkpoint.line()} (workbench export --run "
+                               f"{result.run_id} --checkpoint best)")]
+          if result.best_checkpoint else []),
         ("tracking", redact_uri(result.tracking_uri)),
     ]
 
