@@ -271,6 +271,42 @@ def setup_hub(parser: argparse.ArgumentParser) -> Runner:
     return run
 
 
+def setup_eval(parser: argparse.ArgumentParser) -> Runner:
+    """``workbench eval --run RUN_ID | --bundle DIR | ... [--profile NAME] [KEY=VALUE ...]``."""
+    from workbench.deploy import eval_arguments
+
+    eval_arguments.add_eval_arguments(parser)
+
+    def run(args: argparse.Namespace) -> int:
+        eval_arguments.check_eval_arguments(args)  # before torch, SB3, MLflow and the simulator
+        from workbench.config.robustness import load_profile
+
+        load_profile(args.profile, args.overrides)
+        from workbench.deploy import evaluation
+
+        return evaluation.eval_command(args)
+
+    return run
+
+
+def setup_promote(parser: argparse.ArgumentParser) -> Runner:
+    """``workbench promote --run RUN_ID --alias ALIAS [--profile NAME]``."""
+    from workbench.deploy import eval_arguments
+
+    eval_arguments.add_promote_arguments(parser)
+
+    def run(args: argparse.Namespace) -> int:
+        eval_arguments.check_promote_arguments(args)
+        from workbench.config.robustness import load_profile
+
+        load_profile(args.profile, args.overrides)
+        from workbench.deploy import promotion
+
+        return promotion.promote_command(args)
+
+    return run
+
+
 @dataclass(frozen=True)
 class Command:
     """One ``workbench`` verb: its help line and what adds its arguments."""
@@ -304,6 +340,11 @@ COMMANDS: dict[str, Command] = {
                        "P(B > A), a verdict", setup_compare),
     "export": Command("export a run's policy to TorchScript + ONNX, verify parity, replay and "
                       "latency: export --run RUN_ID", setup_export),
+    "eval": Command("a policy (run, bundle or exported file) over a robustness matrix of "
+                    "perturbations x seeds (conf/eval/<profile>.yaml): verdicts, heatmaps, "
+                    "nested MLflow runs", setup_eval),
+    "promote": Command("register a run's policy in the MLflow model registry under an alias "
+                       "when its export parity and robustness gate hold", setup_promote),
     "hub": Command("Hugging Face Hub: hub push --run RUN_ID --repo-id ORG/NAME | "
                    "hub pull --repo-id ORG/NAME --revision SHA|TAG", setup_hub),
 }

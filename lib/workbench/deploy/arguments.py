@@ -20,6 +20,7 @@ DEFAULT_EPISODES = 5
 DEFAULT_CALLS = 1000
 DEFAULT_WARMUP = 100
 MIN_CALLS = 1000  # latency percentiles need enough samples for a meaningful p99
+BEST, LAST = "best", "last"  # --checkpoint's named choices (else a step)
 
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +30,10 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--bundle", metavar="DIR", help="a bundle pulled by `workbench hub pull`")
     source.add_argument("--repo-id", metavar="ORG/NAME", help="pull this Hub bundle first")
     parser.add_argument("--revision", metavar="SHA|TAG", help="with --repo-id: the revision")
+    parser.add_argument(
+        "--checkpoint", metavar="best|last|STEP",
+        help="with --run: export this checkpoint of the run instead of its final policy: the "
+        "best-evaluated (checkpoint.keep=best), the newest, or the one of a step")
     add_allow_module(parser)
     budget = parser.add_argument_group("check sizes")
     budget.add_argument("--observations", type=int, default=DEFAULT_OBSERVATIONS,
@@ -48,7 +53,20 @@ def check_export_arguments(args: argparse.Namespace) -> list[str]:
     check_budget(args.observations, args.episodes, args.calls, args.warmup)
     if args.revision and not args.repo_id:
         raise ConfigError("--revision: only with --repo-id ORG/NAME")
+    if args.checkpoint is not None:
+        if not args.run:
+            raise ConfigError(f"--checkpoint {args.checkpoint}: only with --run RUN_ID (a "
+                              "bundle holds one policy)")
+        check_checkpoint_choice(args.checkpoint)
     return allowed_modules(args.allow_module)
+
+
+def check_checkpoint_choice(choice: str) -> None:
+    """``--checkpoint``: ``best``, ``last`` or a step count (whether the run has it is
+    checked against the run)."""
+    if choice not in (BEST, LAST) and not (choice.isascii() and choice.isdigit()):
+        raise ConfigError(f"--checkpoint {choice[:40]!r}: not best, last or a step; use e.g. "
+                          "--checkpoint best, --checkpoint last or --checkpoint 50000")
 
 
 def check_budget(observations: int, episodes: int, calls: int, warmup: int) -> None:
@@ -72,7 +90,11 @@ def add_hub_arguments(parser: argparse.ArgumentParser) -> None:
     push = actions.add_parser("push", help="upload a run's bundle as one commit (prints its SHA)",
                               description="Upload run RUN_ID's policy bundle as one commit; "
                               "the run is exported and verified first if it has no export.")
-    push.add_argument("--run", metavar="RUN_ID", required=True)
+    what = push.add_mutually_exclusive_group(required=True)
+    what.add_argument("--run", metavar="RUN_ID")
+    what.add_argument("--model", metavar="NAME@ALIAS",
+                      help="the registered model version an alias points at (workbench "
+                      "promote); the bundle commit is recorded on that version")
     push.add_argument("--repo-id", metavar="ORG/NAME", required=True)
     push.add_argument("--public", action="store_true",
                       help="create the repository public (default: private)")

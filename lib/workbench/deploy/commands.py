@@ -1,10 +1,11 @@
 """``workbench export`` and ``workbench hub``: what they run (their arguments and the checks
 of their values are :mod:`workbench.deploy.arguments`, which loads no torch).
 
-    workbench export --run RUN_ID | --bundle DIR | --repo-id ORG/NAME --revision REV
-                     [--allow-module MODULE]... [--observations N] [--episodes N] [--calls N]
-                     [--warmup N]
-    workbench hub push --run RUN_ID --repo-id ORG/NAME [--public] [--allow-module MODULE]...
+    workbench export --run RUN_ID [--checkpoint best|last|STEP] | --bundle DIR
+                     | --repo-id ORG/NAME --revision REV [--allow-module MODULE]...
+                     [--observations N] [--episodes N] [--calls N] [--warmup N]
+    workbench hub push --run RUN_ID | --model NAME@ALIAS --repo-id ORG/NAME [--public]
+                       [--allow-module MODULE]...
     workbench hub pull --repo-id ORG/NAME --revision REV [--allow-module MODULE]...
 
 A bundle, and a run of a store (which may be shared), are data: their ``config.yaml`` may name
@@ -39,7 +40,8 @@ def export_command(args: argparse.Namespace) -> int:
     export.quiet_downloads()
     try:
         if args.run:
-            result = export.export_run(args.run, allowed_modules=allowed, **budget)
+            result = export.export_run(args.run, allowed_modules=allowed,
+                                       checkpoint_choice=args.checkpoint, **budget)
         else:
             directory = (pull_verified(args.repo_id, args.revision, allowed).directory
                          if args.repo_id else hub.bundle_directory(args.bundle))
@@ -60,12 +62,17 @@ def hub_command(args: argparse.Namespace) -> int:
     export.quiet_downloads()
     allowed = allowed_modules(args.allow_module)
     if args.hub_action == "push":
+        repo_id = check_repo_id(args.repo_id)
+        version = hub.model_version(args.model) if args.model else None
+        run_id = args.run if version is None else version.run_id
         try:
-            hub.print_push(hub.push(args.run, check_repo_id(args.repo_id),
-                                    private=not args.public, allowed_modules=allowed))
+            result = hub.push(run_id, repo_id, private=not args.public, allowed_modules=allowed)
         except BundleError as exc:
             print(f"workbench: {exc}", file=sys.stderr)
             return 1
+        if version is not None:
+            hub.record_push_on_version(version, result)
+        hub.print_push(result)
         return 0
     try:
         hub.print_pull(pull_verified(args.repo_id, args.revision, allowed))

@@ -150,7 +150,7 @@ def write_bundle(client: Any, run_id: str, folder: Path, repo_id: str | None = N
         "init_hub_commit": run.data.params.get("init.hub_commit"),
     }
     card = model_card(index, source.config, report, manifest, replay_video=replay_video,
-                      repo_id=repo_id)
+                      repo_id=repo_id, robustness=robustness_lines(run.data.tags))
     (folder / CARD_NAME).write_text(card)
     index["files"] = {p.name: sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
     (folder / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
@@ -216,10 +216,24 @@ REPO_PLACEHOLDER = "ORG/NAME"
 COMMIT_PLACEHOLDER = "COMMIT_SHA"
 
 
+def robustness_lines(tags: Mapping[str, str]) -> list[str]:
+    """The model card's robustness section from the run's latest ``workbench eval`` (its
+    verdicts are tags of the run, docs/evaluation.md); none when the policy was not evaluated."""
+    profile = tags.get("robustness.latest")
+    verdicts = tags.get(f"robustness.{profile}.verdicts") if profile else None
+    if not verdicts:
+        return []
+    return ["## Robustness", "",
+            f"The robustness matrix of profile `{profile}` (MLflow run "
+            f"`{tags.get(f'robustness.{profile}.eval_run', '')}`): one verdict per perturbation, "
+            "each alone, the rest nominal.", "",
+            *[f"- {console.printable(line)}" for line in verdicts.splitlines()], ""]
+
+
 def model_card(
     index: Mapping[str, Any], cfg: WorkbenchConfig, report: Mapping[str, Any],
     manifest: Mapping[str, Any] | None, *, replay_video: bool = False,
-    repo_id: str | None = None,
+    repo_id: str | None = None, robustness: Sequence[str] = (),
 ) -> str:
     """README.md: task, algorithm, hyperparameters, result, steps, software, how to reproduce.
 
@@ -263,6 +277,7 @@ def model_card(
         f"{report['replay']['std_return']:.2f} over {report['replay']['episodes']} episodes",
         "",
         *(replay_video_lines(index, report) if replay_video else []),
+        *robustness,
         "## Algorithm and key hyperparameters",
         "",
         *hyperparameter_table(cfg),
@@ -555,6 +570,31 @@ def push(
         )
     set_tags(client, run_id, {"hub.repo_id": repo_id, "hub.revision": info.oid})
     return PushResult(repo_id=repo_id, commit=info.oid, commit_url=info.commit_url, files=files)
+
+
+def model_version(reference: str, tracking_uri: str | None = None) -> Any:
+    """The registered model version ``NAME@ALIAS`` points at (``workbench promote`` sets
+    aliases); one line naming what is missing otherwise."""
+    from mlflow.exceptions import MlflowException
+
+    name, _, alias = reference.partition("@")
+    if not name or not alias:
+        raise ConfigError(f"--model {reference!r}: give NAME@ALIAS, e.g. hopper-ppo@on-robot")
+    client = export.open_store(tracking_uri)
+    try:
+        return client.get_model_version_by_alias(name, alias)
+    except MlflowException as exc:
+        raise ConfigError(f"--model {reference}: no such registered model alias in the store "
+                          f"({str(exc).splitlines()[0][:200]}); set one with workbench promote "
+                          "--run RUN_ID --alias ALIAS") from exc
+
+
+def record_push_on_version(version: Any, result: PushResult,
+                           tracking_uri: str | None = None) -> None:
+    """The pushed bundle's repository and commit, as tags of the model version."""
+    client = export.open_store(tracking_uri)
+    for key, value in (("hub.repo_id", result.repo_id), ("hub.revision", result.commit)):
+        client.set_model_version_tag(version.name, version.version, key, value)
 
 
 def pull(repo_id: str, revision: str | None, allowed_modules: Sequence[str] = ()

@@ -87,13 +87,15 @@ class MiniDuckEnv(MujocoEnv):
         min_height: float = 0.12,
         min_upright: float = 0.5,
         reset_noise_scale: float = 0.02,
+        frame_skip: int = FRAME_SKIP,
         render_mode: str | None = None,
         width: int = 480,
         height: int = 480,
     ) -> None:
         self.check_kwargs(
             {"reward_weights": reward_weights, "goal_distance": goal_distance,
-             "max_speed": max_speed, "reset_noise_scale": reset_noise_scale}
+             "max_speed": max_speed, "reset_noise_scale": reset_noise_scale,
+             "frame_skip": frame_skip}
         )
         self.weights = RewardWeights.from_mapping(reward_weights)
         self.goal_distance = float(goal_distance)
@@ -103,15 +105,20 @@ class MiniDuckEnv(MujocoEnv):
         self.reset_noise_scale = float(reset_noise_scale)
         if render_mode in ("rgb_array", "depth_array"):
             rendering.prefer_offscreen_backend()
+        # MujocoEnv checks render_fps against 1 / dt; with another frame_skip (a control rate
+        # other than 50 Hz) the rate is set from the model once it is loaded, as gymnasium's
+        # own v5 tasks do.
+        self.metadata = {k: v for k, v in type(self).metadata.items() if k != "render_fps"}
         super().__init__(
             str(resources.files("workbench.envs.robots").joinpath("assets", MODEL_FILE)),
-            FRAME_SKIP,
+            int(frame_skip),
             observation_space=None,
             render_mode=render_mode,
             width=width,
             height=height,
             camera_name="track",
         )
+        self.metadata = {**type(self).metadata, "render_fps": int(np.round(1.0 / self.dt))}
         stand = self.model.key(STAND_KEYFRAME)
         self.stand_qpos, self.stand_ctrl = stand.qpos.copy(), stand.ctrl.copy()
         low, high = self.model.actuator_ctrlrange.T
@@ -130,6 +137,9 @@ class MiniDuckEnv(MujocoEnv):
         for key in ("goal_distance", "max_speed"):
             if key in kwargs and not float(kwargs[key]) > 0:
                 raise ValueError(f"{key}={kwargs[key]}: must be > 0")
+        if int(kwargs.get("frame_skip", FRAME_SKIP)) < 1:
+            raise ValueError(f"frame_skip={kwargs['frame_skip']}: must be >= 1 (physics steps "
+                             "per control step)")
         if float(kwargs.get("reset_noise_scale", 0.0)) < 0:
             raise ValueError(f"reset_noise_scale={kwargs['reset_noise_scale']}: must be >= 0")
 

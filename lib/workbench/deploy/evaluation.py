@@ -1,0 +1,151 @@
+"""``workbench eval``: find the policy, run its robustness matrix, log it to MLflow.
+
+    workbench eval --run RUN_ID [--checkpoint best|last|STEP] | --bundle DIR |
+                   --repo-id ORG/NAME --revision REV | --policy FILE --env NAME
+                   [--profile NAME] [--allow-module MODULE]... [KEY=VALUE ...]
+
+``KEY=VALUE`` overrides the profile (``seeds=[0,1,2]``, ``factors.friction=[0.8,1.2]``). The
+matrix itself is :mod:`workbench.deploy.robustness`; this module only connects it to its
+sources (a run's checkpoint, a Hub bundle, an exported file) and to the tracking store: one
+parent MLflow run (``workbench.kind=eval``) holding the matrix, and one nested run per cell,
+logged as each cell finishes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench import config
+from workbench.config.robustness import RobustnessProfile, load_profile
+from workbench.deploy import export, hub, robustness, robustness_figures
+from workbench.deploy.arguments import allowed_modules
+from workbench.deploy.robustness import EvalPolicy, Matrix
+from workbench.training.bundle import (
+    PULL_TRUST_HINT,
+    check_files,
+    check_repo_id,
+    load_bundle_source,
+)
+
+EXPERIMENT = "workbench"  # where an eval of a policy without a run is logged
+
+
+@dataclass
+class EvalRun:
+    """A finished ``workbench eval``: the matrix and the MLflow run holding it."""
+
+    matrix: Matrix
+    run_id: str
+    directory: Path  # the written outputs
+
+
+def load_policy(args: argparse.Namespace, workdir: Path, client: Any) -> EvalPolicy:
+    """The policy the arguments name, rebuilt as data (no pickle, no code from a store)."""
+    allowed = allowed_modules(args.allow_module)
+    if args.run:
+        source = export.load_run(client, args.run, workdir, allowed, args.checkpoint)
+        run = export.get_run(client, args.run)
+        return robustness.policy_from_source(source, workdir, args.run,
+                                             run.info.experiment_id)
+    if args.policy:
+        path = Path(args.policy)
+        cfg = config.load_config([f"env={args.env}"])
+        return robustness.policy_from_file(path, cfg)
+    if args.repo_id:
+        pulled = hub.pull(check_repo_id(args.repo_id), args.revision, allowed)
+        directory, label = pulled.directory, f"bundle {pulled.repo_id}@{pulled.commit}"
+    else:
+        directory = hub.bundle_directory(args.bundle)
+        label = f"bundle {directory}"
+    checked = check_files(directory, label, allowed, PULL_TRUST_HINT)
+    hub.verify_bundle(checked)
+    source = load_bundle_source(checked, label=label)
+    return EvalPolicy(config=source.config, actor=robustness.onnx_actor(
+        directory / "policy.onnx"), origin=label, source=source,
+        logged_eval=(source.eval_mean_reward, source.eval_std_reward))
+
+
+def evaluate_policy(policy: EvalPolicy, profile_name: str, profile: RobustnessProfile,
+                    client: Any, out: Path) -> EvalRun:
+    """Run the matrix and log it: the parent run, a nested run per cell as it finishes, the
+    outputs as artifacts, and the verdicts on the policy's own run."""
+    experiment_id = policy.experiment_id or experiment_for(client)
+    parent = client.create_run(experiment_id, run_name=f"eval-{profile_name}", tags={
+        robustness.KIND_TAG: robustness.KIND, "robustness.profile": profile_name,
+        "robustness.policy": policy.origin[:500], "robustness.source_run": policy.run_id or "",
+        "mlflow.note.content": f"workbench eval --profile {profile_name} of {policy.origin}"})
+    parent_id = str(parent.info.run_id)
+    print(f"eval run {parent_id}: profile {profile_name} on {policy.config.env.id} "
+          f"({policy.origin})", flush=True)
+    with robustness.closed_on_failure(client, [parent_id]):
+        def on_cell(index: int, total: int, result: robustness.CellResult) -> None:
+            robustness.log_cell(client, experiment_id, parent_id, result, profile_name)
+            print(robustness.progress_line(index, total, result), flush=True)
+
+        matrix = robustness.evaluate(policy, profile_name, profile, on_cell)
+        names = write_outputs(matrix, out)
+        for name in names:
+            client.log_artifact(parent_id, str(out / name), robustness.ARTIFACT_DIR)
+        client.log_metric(parent_id, "robustness/nominal_return", matrix.nominal.mean)
+        client.log_metric(parent_id, "robustness/cells_failing", float(len(matrix.failing)))
+        client.set_tag(parent_id, "robustness.passed", str(matrix.passed).lower())
+        client.set_tag(parent_id, "robustness.verdicts", robustness.verdict_text(matrix))
+        if policy.run_id:
+            for key, value in robustness.source_tags(matrix, parent_id).items():
+                client.set_tag(policy.run_id, key, value)
+        client.set_terminated(parent_id, "FINISHED")
+    return EvalRun(matrix, parent_id, out)
+
+
+def write_outputs(matrix: Matrix, directory: Path) -> list[str]:
+    """``robustness.json``, ``robustness.md`` and the figures in ``directory``; their names."""
+    directory.mkdir(parents=True, exist_ok=True)
+    figures = robustness_figures.draw(matrix, directory)
+    record = json.dumps(robustness.matrix_record(matrix), indent=2)
+    (directory / "robustness.json").write_text(record + "\n")
+    (directory / "robustness.md").write_text(robustness.matrix_markdown(matrix, figures))
+    return ["robustness.json", "robustness.md", *figures]
+
+
+def experiment_for(client: Any) -> str:
+    """The default experiment's id, created when the store has none yet."""
+    found = client.get_experiment_by_name(EXPERIMENT)
+    return str(found.experiment_id if found else client.create_experiment(EXPERIMENT))
+
+
+def print_summary(result: EvalRun) -> None:
+    """Verdicts, the export check, the failing cells and where everything is."""
+    matrix = result.matrix
+    print(f"\nrobustness of {matrix.origin} ({matrix.profile_name}): nominal return "
+          f"{matrix.nominal.mean:,.1f}; a cell holds at >= {matrix.threshold:,.1f}")
+    for line in matrix.verdicts():
+        print(f"  {line}")
+    if matrix.export_check:
+        print(f"  {robustness.export_check_line(matrix.export_check)}")
+    if matrix.failing:
+        print(f"failing cells ({len(matrix.failing)} of {len(matrix.results)}): "
+              + ", ".join(r.cell.label for r in matrix.failing))
+    else:
+        print(f"every cell holds ({len(matrix.results)} cells)")
+    print(f"files: {result.directory}\nMLflow run: {result.run_id}")
+
+
+def eval_command(args: argparse.Namespace) -> int:
+    """``workbench eval``: exit 0 when it ran (whatever the verdicts), 2 on bad input."""
+    profile = load_profile(args.profile, args.overrides)
+    export.quiet_downloads()
+    client = export.open_store()
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="workbench-eval-"))
+    with tempfile.TemporaryDirectory(prefix="workbench-eval-policy-") as work:
+        policy = load_policy(args, Path(work), client)
+        robustness.check_applicable(profile, policy.config)
+        result = evaluate_policy(policy, args.profile, profile, client, out)
+    print_summary(result)
+    sys.stdout.flush()
+    return 0
