@@ -251,6 +251,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 @pytest.fixture(autouse=True)
+def no_cached_artifact_locations() -> None:
+    """Every test starts with MLflow's run-id-keyed artifact locations forgotten (see
+    :func:`forget_artifact_locations`): tests use copies of shared stores, same run ids."""
+    forget_artifact_locations()
+
+
+@pytest.fixture(autouse=True)
 def unit_tier_stays_fast(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """A test marked ``unit`` fails if it trains, starts a process or opens a connection.
 
@@ -312,10 +319,22 @@ def embedded_store(experiments: Path) -> Iterator[pytest.MonkeyPatch]:
         yield patch
 
 
+def forget_artifact_locations() -> None:
+    """Empty MLflow's per-process cache of run artifact locations. It is keyed by run id
+    alone: after a store is copied (same run ids), a process that wrote a run's artifacts in
+    one store would write them into the other. Tests that use a copy in-process call this
+    before and after (MLflow's private cache; nothing in the workbench uses two stores with
+    the same run ids in one process)."""
+    from mlflow.tracking._tracking_service import utils
+
+    utils._artifact_repos_cache.clear()
+
+
 def copy_store(source: Path, target: Path) -> str:
     """Copy an embedded store (database, artifacts, sweep notebooks) to ``target`` and point
     its runs' artifact locations there, so the copy can be changed without touching the
     source; returns the copy's tracking URI."""
+    forget_artifact_locations()
     shutil.copytree(source, target)
     with sqlite3.connect(target / "mlflow.db") as db:
         for table, column in (("experiments", "artifact_location"), ("runs", "artifact_uri")):

@@ -2,8 +2,8 @@
 the nested MLflow runs, and the registry alias behind the gate.
 
 The policy is the session's exported tiny HalfCheetah run (tests/trained_run.py), evaluated on
-a copy of its store: the matrices and registrations written here never reach the other
-modules' store.
+a copy of its store: the matrices, exports and registrations written here never reach the
+other modules' store.
 """
 
 from __future__ import annotations
@@ -242,3 +242,22 @@ def test_promote_bad_alias_is_one_line(store_copy: Store, capsys: pytest.Capture
                                        ) -> None:
     assert main(["promote", "--run", store_copy.run_id, "--alias", "latest"]) == 2
     assert "MLflow reserves" in capsys.readouterr().err
+
+
+@pytest.mark.unit
+def test_the_report_shows_each_evaluated_runs_verdicts() -> None:
+    from types import SimpleNamespace
+
+    from workbench.review.render import Link, robustness_blocks
+
+    tags = {"robustness.latest": "gate", "robustness.gate.passed": "false",
+            "robustness.gate.verdicts": "friction holds to 1.2x\naction_delay holds only at "
+                                        "nominal (0 steps); fails from 1 step"}
+    runs = [SimpleNamespace(name="a", tags=tags), SimpleNamespace(name="b", tags={})]
+    report = SimpleNamespace(runs=runs, run_url=lambda run: f"http://ui/{run.name}")
+    heading, _, table = robustness_blocks(report)  # type: ignore[arg-type]
+    assert heading.text == "Robustness" and [row[2] for row in table.rows] == [
+        "friction holds to 1.2x", "action_delay holds only at nominal (0 steps); fails from "
+        "1 step"]
+    assert table.rows[0][0] == Link("a", "http://ui/a") and table.rows[0][3] == "some cells fail"
+    assert robustness_blocks(SimpleNamespace(runs=runs[1:], run_url=str)) == []  # type: ignore[arg-type]

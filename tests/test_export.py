@@ -280,7 +280,9 @@ def test_notebook_exports_through_papermill(
     out = tmp_path / "export.ipynb"
     papermill.execute_notebook(
         str(NOTEBOOK), str(out), kernel_name="workbench", cwd=str(tmp_path),
-        parameters={"run_id": exported.run_id, "n_obs": 16, "episodes": 1, "warmup": 0},
+        parameters={"run_id": exported.run_id, "n_obs": 16, "episodes": 1, "warmup": 0,
+                    "robustness_overrides": ["seeds=[0]", "episodes=1", "factors.friction=[]",
+                                             "factors.mass=[]", "factors.obs_noise=[]"]},
         progress_bar=False,
     )
     import nbformat
@@ -292,4 +294,6 @@ def test_notebook_exports_through_papermill(
     assert "PASS" in text
     images = [o for c in executed.cells for o in c.get("outputs", [])
               if "image/png" in o.get("data", {})]
-    assert len(images) == 2  # latency distributions, replay vs training log
+    assert "\n  action_delay holds" in text  # its verdict line
+    # latency distributions, replay vs training log, return against each perturbation
+    assert len(images) == 3

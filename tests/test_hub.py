@@ -150,10 +150,11 @@ def hub_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def populate_cache(cache: Path, repo_id: str, files: dict[str, bytes],
-                   refs: dict[str, str] | None = None) -> str:
-    """Write ``files`` as one commit of ``repo_id`` into a Hub cache; returns the commit."""
+                   refs: dict[str, str] | None = None, repo_type: str = "model") -> str:
+    """Write ``files`` as one commit of ``repo_id`` (a ``repo_type`` repository: model or
+    dataset) into a Hub cache; returns the commit."""
     commit = hashlib.sha1(b"".join(n.encode() + files[n] for n in sorted(files))).hexdigest()
-    storage = cache / f"models--{repo_id.replace('/', '--')}"
+    storage = cache / f"{repo_type}s--{repo_id.replace('/', '--')}"
     for name, data in files.items():
         blob = storage / "blobs" / hashlib.sha256(data).hexdigest()
         blob.parent.mkdir(parents=True, exist_ok=True)
@@ -274,8 +275,10 @@ def test_push_refuses_without_token_or_offline(
     ("argv", "message"),
     [
         (["hub"], "hub: the following arguments are required: ACTION"),
-        (["hub", "push", "--repo-id", "a/b"], "hub push: the following arguments are required: "
-         "--run"),
+        (["hub", "push", "--repo-id", "a/b"], "hub push: one of the arguments --run --model is "
+         "required"),
+        (["hub", "push", "--model", "hopper-ppo", "--repo-id", "a/b"],
+         "--model 'hopper-ppo': give NAME@ALIAS, e.g. hopper-ppo@on-robot"),
         (["hub", "push", "--run", "x", "--repo-id", "not a repo"],
          "repository id 'not a repo': "),
         (["hub", "push", "--run", "x", "--repo-id", "a/b", "--public=maybe"],

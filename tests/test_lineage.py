@@ -36,6 +36,7 @@ from workbench.training import dataset as hub_dataset
 from workbench.training import load_config, train
 
 from .conftest import TINY
+from .test_hub import populate_cache
 
 REPO = "test-org/walk-logs"
 
@@ -51,16 +52,7 @@ def npy_bytes(array: np.ndarray) -> bytes:
 
 def populate_dataset_cache(cache: Path, repo_id: str, files: dict[str, bytes]) -> str:
     """``files`` as one commit of the dataset ``repo_id`` in a Hub cache; returns the commit."""
-    commit = hashlib.sha1(b"".join(n.encode() + files[n] for n in sorted(files))).hexdigest()
-    storage = cache / f"datasets--{repo_id.replace('/', '--')}"
-    for name, data in files.items():
-        blob = storage / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        link = storage / "snapshots" / commit / name
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(os.path.relpath(blob, link.parent))
-    return commit
+    return populate_cache(cache, repo_id, files, repo_type="dataset")
 
 
 @pytest.fixture()

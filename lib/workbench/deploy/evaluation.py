@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,10 +50,7 @@ def load_policy(args: argparse.Namespace, workdir: Path, client: Any) -> EvalPol
     """The policy the arguments name, rebuilt as data (no pickle, no code from a store)."""
     allowed = allowed_modules(args.allow_module)
     if args.run:
-        source = export.load_run(client, args.run, workdir, allowed, args.checkpoint)
-        run = export.get_run(client, args.run)
-        return robustness.policy_from_source(source, workdir, args.run,
-                                             run.info.experiment_id)
+        return policy_of_run(client, args.run, workdir, allowed, args.checkpoint)
     if args.policy:
         path = Path(args.policy)
         cfg = config.load_config([f"env={args.env}"])
@@ -69,6 +67,28 @@ def load_policy(args: argparse.Namespace, workdir: Path, client: Any) -> EvalPol
     return EvalPolicy(config=source.config, actor=robustness.onnx_actor(
         directory / "policy.onnx"), origin=label, source=source,
         logged_eval=(source.eval_mean_reward, source.eval_std_reward))
+
+
+def policy_of_run(client: Any, run_id: str, workdir: Path, allowed: Sequence[str] = (),
+                  checkpoint: str | None = None) -> EvalPolicy:
+    """A run's policy (its final checkpoint, or ``checkpoint``: best, last or a step)."""
+    source = export.load_run(client, run_id, workdir, allowed, checkpoint)
+    run = export.get_run(client, run_id)
+    return robustness.policy_from_source(source, workdir, run_id, run.info.experiment_id)
+
+
+def evaluate_run(run_id: str, profile_name: str = "gate", overrides: Sequence[str] = (),
+                 checkpoint: str | None = None, out: Path | None = None) -> EvalRun:
+    """``workbench eval --run RUN_ID --profile NAME [KEY=VALUE ...]`` from Python (the export
+    notebook): the matrix, logged like the command's, its files in ``out`` (default: a
+    temporary folder)."""
+    profile = load_profile(profile_name, overrides)
+    client = export.open_store()
+    out = out or Path(tempfile.mkdtemp(prefix="workbench-eval-"))
+    with tempfile.TemporaryDirectory(prefix="workbench-eval-policy-") as work:
+        policy = policy_of_run(client, run_id, Path(work), checkpoint=checkpoint)
+        robustness.check_applicable(profile, policy.config)
+        return evaluate_policy(policy, profile_name, profile, client, out)
 
 
 def evaluate_policy(policy: EvalPolicy, profile_name: str, profile: RobustnessProfile,

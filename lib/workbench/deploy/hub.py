@@ -29,6 +29,7 @@ from workbench import config, console
 from workbench.config import ConfigError, WorkbenchConfig
 from workbench.config.compose import hydra_value
 from workbench.deploy import export, graph
+from workbench.tracking.metric_keys import ROBUSTNESS_LATEST_TAG, robustness_tag
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import set_tags
 from workbench.training import algorithms
@@ -219,14 +220,14 @@ COMMIT_PLACEHOLDER = "COMMIT_SHA"
 def robustness_lines(tags: Mapping[str, str]) -> list[str]:
     """The model card's robustness section from the run's latest ``workbench eval`` (its
     verdicts are tags of the run, docs/evaluation.md); none when the policy was not evaluated."""
-    profile = tags.get("robustness.latest")
-    verdicts = tags.get(f"robustness.{profile}.verdicts") if profile else None
-    if not verdicts:
+    profile = tags.get(ROBUSTNESS_LATEST_TAG)
+    verdicts = tags.get(robustness_tag(profile, "verdicts")) if profile else None
+    if not profile or not verdicts:
         return []
     return ["## Robustness", "",
             f"The robustness matrix of profile `{profile}` (MLflow run "
-            f"`{tags.get(f'robustness.{profile}.eval_run', '')}`): one verdict per perturbation, "
-            "each alone, the rest nominal.", "",
+            f"`{tags.get(robustness_tag(profile, 'eval_run'), '')}`): one verdict per "
+            "perturbation, each alone, the rest nominal.", "",
             *[f"- {console.printable(line)}" for line in verdicts.splitlines()], ""]
 
 

@@ -51,12 +51,18 @@ from workbench.deploy.graph import (
 from workbench.envs import envpool_vec, randomization
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_env
+from workbench.tracking.metric_keys import (
+    EVAL_CELL_KIND,
+    EVAL_KIND,
+    ROBUSTNESS_LATEST_TAG,
+    RUN_KIND_TAG,
+    robustness_tag,
+)
 from workbench.training.model import PolicySource
 
 EVAL_SEED_OFFSET = 40_000  # apart from training (seed + r), evaluation (+10000), export (+20000)
 SEED_STRIDE = 1_000  # seed s, episode k: reset(seed=EVAL_SEED_OFFSET + s * SEED_STRIDE + k)
-KIND_TAG = "workbench.kind"
-KIND = "eval"
+KIND_TAG, KIND, CELL_KIND = RUN_KIND_TAG, EVAL_KIND, EVAL_CELL_KIND
 ARTIFACT_DIR = "robustness"
 MAX_VERDICT_TAG = 5_000  # MLflow tag values hold 8,000 characters
 
@@ -654,7 +660,7 @@ def log_cell(client: Any, experiment_id: str, parent_id: str, result: CellResult
     from mlflow.entities import Metric, Param, RunTag
 
     run = client.create_run(experiment_id, run_name=result.cell.label, tags={
-        "mlflow.parentRunId": parent_id, KIND_TAG: "eval-cell",
+        "mlflow.parentRunId": parent_id, KIND_TAG: CELL_KIND,
         "robustness.profile": profile_name})
     now = int(time.time() * 1000)
     params = [Param(k, format_value(v)) for k, v in result.cell.settings]
@@ -680,7 +686,9 @@ def verdict_text(matrix: Matrix) -> str:
 
 def source_tags(matrix: Matrix, eval_run_id: str) -> dict[str, str]:
     """The tags written on the policy's own run: where the report and the card read them."""
-    prefix = f"robustness.{matrix.profile_name}"
-    return {f"{prefix}.eval_run": eval_run_id, f"{prefix}.passed": str(matrix.passed).lower(),
-            f"{prefix}.verdicts": verdict_text(matrix), "robustness.latest": matrix.profile_name}
+    name = matrix.profile_name
+    return {robustness_tag(name, "eval_run"): eval_run_id,
+            robustness_tag(name, "passed"): str(matrix.passed).lower(),
+            robustness_tag(name, "verdicts"): verdict_text(matrix),
+            ROBUSTNESS_LATEST_TAG: name}
 

@@ -26,6 +26,7 @@ from workbench.review.selection import RAY_HOSTNAME, RAY_NODE_ID, RAY_NODE_IP
 from workbench.review.statistics import BOOTSTRAP_REPS
 from workbench.review.videos import PointVideo, video_html
 from workbench.tracking.logged_models import BEST_VALUE_KEY, BestCheckpoint, best_checkpoint
+from workbench.tracking.metric_keys import ROBUSTNESS_LATEST_TAG, robustness_tag
 
 # Characters with a meaning in Markdown (CommonMark and GitHub's: links, emphasis, code, tables,
 # math, strikethrough) that run data may contain; each is written backslash-escaped. ``<``,
@@ -90,6 +91,7 @@ def report_blocks(report: Report) -> list[Block]:
     blocks += scaling_blocks(report)
     blocks += video_blocks(report)
     blocks += diagnostic_blocks(report)
+    blocks += robustness_blocks(report)
     blocks += bottleneck_blocks(report)
     blocks += environment_blocks(report.environment)
     blocks += run_blocks(report)
@@ -264,6 +266,26 @@ def diagnostic_blocks(report: Report) -> list[Block]:
     if rows and quiet:
         blocks.append(Block("p", f"No diagnostic fired for: {', '.join(quiet)}."))
     return blocks
+
+
+def robustness_blocks(report: Report) -> list[Block]:
+    """The latest ``workbench eval`` verdicts of the runs that have one (docs/evaluation.md):
+    one row per factor; nothing when no run was evaluated."""
+    rows = []
+    for run in report.runs:
+        profile = run.tags.get(ROBUSTNESS_LATEST_TAG)
+        verdicts = run.tags.get(robustness_tag(profile, "verdicts"), "") if profile else ""
+        passed = run.tags.get(robustness_tag(profile, "passed"), "") if profile else ""
+        rows += [(Link(run.name, report.run_url(run)), profile or "", line,
+                  "every cell holds" if passed == "true" else "some cells fail")
+                 for line in verdicts.splitlines()]
+    if not rows:
+        return []
+    return [Block("h2", "Robustness"),
+            Block("p", "The latest robustness matrix of each evaluated run (`workbench eval`): "
+                       "each perturbation alone, the rest nominal; the figures and every cell "
+                       "are in its eval run."),
+            Block("table", headers=("run", "profile", "verdict", "matrix"), rows=tuple(rows))]
 
 
 def bottleneck_blocks(report: Report) -> list[Block]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from workbench.config import ConfigError
+from workbench.tracking.metric_keys import EVAL_CELL_KIND, EVAL_KIND, RUN_KIND_TAG
 
 if TYPE_CHECKING:  # mlflow and matplotlib load on use: `workbench --help` stays fast
     from mlflow.entities import Run
@@ -203,6 +204,9 @@ def find_runs(client: MlflowClient, selection: Selection, store: str
     else:
         runs = search_all(client, experiment_ids, " and ".join(tag_filter(required)),
                           ["attributes.start_time ASC"])
+        # workbench eval's matrices are not trainings: their verdicts show on the policy's run
+        runs = [r for r in runs if r.data.tags.get(RUN_KIND_TAG) not in (EVAL_KIND,
+                                                                         EVAL_CELL_KIND)]
     runs = [r for r in runs if has_tags(r, required)]
     parents = [r for r in runs if r.data.tags.get(SWEEP_ROLE) == "parent"]
     parent = parents[0] if parents and selection.sweep_id else None
