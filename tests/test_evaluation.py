@@ -139,7 +139,7 @@ def test_eval_bad_input_is_one_line_and_creates_no_run(
         (["--run", store_copy.run_id, "factors.gravity=[2]"], "unknown perturbation factor"),
         (["--run", store_copy.run_id, "--policy", "x.onnx"], "name one policy"),
         (["--policy", "policy.onnx"], "not an exported policy.onnx or policy.pt file"),
-        (["--run", store_copy.run_id, "--checkpoint", "newest"], "choose best, last or a step"),
+        (["--run", store_copy.run_id, "--checkpoint", "newest"], "not best, last or a step"),
         (["--run", store_copy.run_id, "backend=envpool", "factors={mass:[0.9]}"],
          ": cannot be applied on EnvPool (its C++ tasks take no gymnasium wrappers)"),
     ]:

@@ -13,11 +13,10 @@ from pathlib import Path
 from workbench import config
 from workbench.config import ConfigError
 from workbench.config.robustness import profile_names
-from workbench.deploy.arguments import add_allow_module
+from workbench.deploy.arguments import add_allow_module, check_checkpoint_choice
 
 DEFAULT_PROFILE = "default"
 GATE_PROFILE = "gate"
-CHECKPOINT = re.compile(r"^(best|last|\d+)$")
 ALIAS = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -49,9 +48,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_checkpoint(value: str | None) -> None:
-    if value is not None and not CHECKPOINT.match(value):
-        raise ConfigError(f"--checkpoint {value}: choose best, last or a step number "
-                          "(e.g. --checkpoint 50000)")
+    """``--checkpoint``, when given, as ``workbench export`` checks it."""
+    if value is not None:
+        check_checkpoint_choice(value)
 
 
 def check_eval_arguments(args: argparse.Namespace) -> None:

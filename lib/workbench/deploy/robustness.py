@@ -656,12 +656,19 @@ def closed_on_failure(client: Any, run_ids: list[str]) -> Iterator[None]:
 
 def log_cell(client: Any, experiment_id: str, parent_id: str, result: CellResult,
              profile_name: str) -> str:
-    """One nested run for one cell: its settings as params, its returns as metrics."""
-    from mlflow.entities import Metric, Param, RunTag
-
+    """One nested run for one cell (FAILED, never left RUNNING, if logging it fails)."""
     run = client.create_run(experiment_id, run_name=result.cell.label, tags={
         "mlflow.parentRunId": parent_id, KIND_TAG: CELL_KIND,
         "robustness.profile": profile_name})
+    with closed_on_failure(client, [str(run.info.run_id)]):
+        log_cell_values(client, str(run.info.run_id), result)
+    return str(run.info.run_id)
+
+
+def log_cell_values(client: Any, run_id: str, result: CellResult) -> None:
+    """A cell run's settings as params and its returns as metrics; then it is FINISHED."""
+    from mlflow.entities import Metric, Param, RunTag
+
     now = int(time.time() * 1000)
     params = [Param(k, format_value(v)) for k, v in result.cell.settings]
     params.append(Param("backend", result.cell.backend))
@@ -672,10 +679,9 @@ def log_cell(client: Any, experiment_id: str, parent_id: str, result: CellResult
                Metric("robustness/seconds", result.seconds, now, 0)]
     metrics += [Metric("robustness/seed_return", v, now, i)
                 for i, v in enumerate(result.seed_returns)]
-    client.log_batch(run.info.run_id, metrics=metrics, params=params,
+    client.log_batch(run_id, metrics=metrics, params=params,
                      tags=[RunTag("robustness.holds", str(result.holds).lower())])
-    client.set_terminated(run.info.run_id, "FINISHED")
-    return str(run.info.run_id)
+    client.set_terminated(run_id, "FINISHED")
 
 
 def verdict_text(matrix: Matrix) -> str:
