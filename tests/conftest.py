@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
+import json
 import multiprocessing
 import os
 import resource
@@ -219,15 +220,25 @@ def pytest_runtest_makereport(item: pytest.Item) -> Iterator[None]:
             ("cpu_s", process_cpu_s() - CPU_AT_TEST_START.pop(item.nodeid)))
 
 
+# WORKBENCH_TEST_TIMES=FILE: one JSON line per test phase (test, phase, worker, start, stop,
+# CPU seconds), written by the controller: where a run's minutes and cores went, test by test.
+TIMES_FILE = os.environ.get("WORKBENCH_TEST_TIMES")
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """On the xdist controller: add each test phase's time to its worker's busy time."""
     node = getattr(report, "node", None)
+    worker = node.gateway.id if node is not None else "main"
     if node is not None:
-        worker = node.gateway.id
         WORKER_BUSY_S[worker] = WORKER_BUSY_S.get(worker, 0.0) + report.duration
     cpu = dict(report.user_properties).get("cpu_s")
     if cpu is not None:
         TEST_CPU_S[report.nodeid] = float(cpu)
+    if TIMES_FILE:
+        with open(TIMES_FILE, "a") as times:
+            times.write(json.dumps({"test": report.nodeid, "phase": report.when,
+                                    "worker": worker, "start": report.start,
+                                    "stop": report.stop, "cpu_s": cpu}) + "\n")
 
 
 @pytest.hookimpl(trylast=True)  # after the slowest durations
