@@ -30,8 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Tiny but real: HalfCheetah, 2 envs, 64-step rollouts, 3 PPO iterations (conf/debug/tiny.yaml),
 # with its thumbnail rollout video: for the tests of videos and of what shows them (reports,
-# notebooks, export replays).
-TINY_VIDEO = ["env=halfcheetah", "debug=tiny"]
+# notebooks, export replays). On gymnasium's own vector env: importing EnvPool (the backend
+# `auto` picks for HalfCheetah) costs a run ~1 CPU-s, a seventh of a tiny run; the EnvPool
+# path has tests of its own (test_backends.py, test_calibration.py).
+TINY_VIDEO = ["env=halfcheetah", "debug=tiny", "env.vec_env=dummy"]
 # The same without the video, for every other test: rendering costs a run ~1.4 CPU-s.
 TINY = [*TINY_VIDEO, "video=off"]
 
@@ -234,7 +236,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     cpu = dict(report.user_properties).get("cpu_s")
     if cpu is not None:
         TEST_CPU_S[report.nodeid] = float(cpu)
-    if TIMES_FILE:
+    if TIMES_FILE and (node is not None or "PYTEST_XDIST_WORKER" not in os.environ):
         with open(TIMES_FILE, "a") as times:
             times.write(json.dumps({"test": report.nodeid, "phase": report.when,
                                     "worker": worker, "start": report.start,

@@ -240,7 +240,8 @@ class RayCluster:
                 names = [r.removeprefix("node_") for r in node.resources_total
                          if r.startswith("node_")]
                 found[node.node_id] = (names[0] if names else "?", node.node_ip)
-            if len(found) == len(self.nodes) or time.monotonic() > deadline:
+            alive = sum(node.alive for node in self.nodes.values())  # a killed one is not
+            if len(found) == alive or time.monotonic() > deadline:
                 return found
             time.sleep(1)
 

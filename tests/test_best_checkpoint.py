@@ -264,7 +264,7 @@ def test_a_resumed_keep_best_run_equals_the_uninterrupted_one(store: Path, tmp_p
     checkpoint from before the interruption is kept by the resumed run's retention."""
     from .test_checkpoint import assert_same_training, interrupt_and_resume
 
-    overrides = [*TINY, "env.vec_env=dummy", "total_timesteps=768", "eval.every_steps=192",
+    overrides = [*TINY, "total_timesteps=768", "eval.every_steps=192",
                  "console.iteration_lines=false", "tracking.system_metrics=false",
                  "checkpoint.every_steps=128", "checkpoint.keep_last=1", "checkpoint.keep=best"]
     client, full, killed, resumed = interrupt_and_resume(overrides)

@@ -92,7 +92,7 @@ def test_make_envs_resolves_auto() -> None:
 
 def test_auto_is_the_default_and_is_logged(store: Path) -> None:
     assert load_config([]).env.vec_env == "auto"
-    result = train(load_config([*TINY, "tracking.system_metrics=false"]))
+    result = train(load_config([*TINY, "env.vec_env=auto", "tracking.system_metrics=false"]))
     params = MlflowClient(os.environ["MLFLOW_TRACKING_URI"]).get_run(result.run_id).data.params
     assert params["env.vec_env"] == "auto"
     assert params["derived.vec_env"] == POOL

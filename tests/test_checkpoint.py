@@ -216,7 +216,7 @@ def test_resume_after_sigint_equals_the_uninterrupted_run(
     extra: list[str], store: Path, tmp_path: Path
 ) -> None:
     # Evaluations every 192 steps fall between iterations (128 steps): due at 256, 384, 640.
-    overrides = [*TINY, "env.vec_env=dummy", "total_timesteps=768",
+    overrides = [*TINY, "total_timesteps=768",
                  "console.iteration_lines=false", "tracking.system_metrics=false",
                  "checkpoint.every_steps=256", "checkpoint.keep_last=2", "eval.every_steps=192",
                  *extra]
@@ -311,7 +311,7 @@ def test_models_load_without_unpickling_unless_allowed(
 
 @pytest.mark.slow
 def test_resume_with_unrestorable_state_starts_fresh_episodes(store: Path) -> None:
-    overrides = [*TINY, "env.vec_env=dummy", "total_timesteps=768",
+    overrides = [*TINY, "total_timesteps=768",
                  "console.iteration_lines=false", "tracking.system_metrics=false",
                  "checkpoint.every_steps=256", "env.randomization.obs_noise_std=0.01"]
     with pytest.raises(TrainingInterrupted):

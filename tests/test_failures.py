@@ -35,7 +35,7 @@ from tests.teamserver import free_port
 from .conftest import ROOT, TINY, run_cli
 
 FAULTY = "tests.faulty_envs:WorkbenchTest/{}-v0"
-QUIET = [*TINY, "env.vec_env=dummy", "console.iteration_lines=false",
+QUIET = [*TINY, "console.iteration_lines=false",
          "tracking.system_metrics=false", "eval.every_steps=0", "checkpoint.every_steps=64"]
 
 

@@ -144,7 +144,7 @@ def test_an_interrupted_run_keeps_no_snapshot_alive_through_its_traceback(store:
 
     kept = None
     try:
-        train(load_config([*TINY, "env.vec_env=dummy", "tracking.system_metrics=false",
+        train(load_config([*TINY, "tracking.system_metrics=false",
                            "total_timesteps=100000"]), callbacks=[CtrlC()])
     except KeyboardInterrupt as exc:
         kept = exc.__traceback__

@@ -24,7 +24,7 @@ from workbench.training import checkpoint
 from .conftest import ROOT, TINY, run_cli
 from .faulty_envs import HELD, release
 
-BASE = [*TINY, "env.vec_env=dummy", "console.iteration_lines=true",
+BASE = [*TINY, "console.iteration_lines=true",
         "tracking.system_metrics=false", "eval.every_steps=0", "checkpoint.every_steps=128",
         "checkpoint.keep_last=2"]
 

@@ -24,7 +24,7 @@ from .conftest import TINY, run_cli
 
 pytestmark = pytest.mark.slow
 
-QUIET = [*TINY, "env.vec_env=dummy", "console.iteration_lines=true",
+QUIET = [*TINY, "console.iteration_lines=true",
          "tracking.system_metrics=false", "eval.every_steps=0", "checkpoint.every_steps=256"]
 
 

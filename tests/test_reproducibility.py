@@ -116,7 +116,8 @@ def test_same_command_same_result_on_a_busy_machine(store: Path) -> None:
     burners = [subprocess.Popen([sys.executable, "-c", burner])
                for _ in range(os.cpu_count() or 2)]
     try:
-        done = [run_cli("train", *TINY, "tracking.system_metrics=false") for _ in range(2)]
+        done = [run_cli("train", *TINY, "env.vec_env=auto", "tracking.system_metrics=false")
+                for _ in range(2)]
     finally:
         for burner in burners:
             burner.kill()

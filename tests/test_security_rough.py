@@ -130,7 +130,7 @@ def test_every_command_refuses_another_application_s_database(
 
 # --------------------------------------------------------------------------- killed study
 
-TINY_STUDY = ["env=inverted_pendulum", "debug=tiny", "search=tiny",
+TINY_STUDY = ["env=inverted_pendulum", "debug=tiny", "search=tiny", "env.vec_env=dummy",
               "tracking.system_metrics=false", "tune.workers=1"]
 
 

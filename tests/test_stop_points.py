@@ -24,7 +24,7 @@ from mlflow.tracking import MlflowClient
 
 from .conftest import ROOT, TINY
 
-BASE = [*TINY, "env.vec_env=dummy", "tracking.system_metrics=true", "eval.every_steps=0",
+BASE = [*TINY, "tracking.system_metrics=true", "eval.every_steps=0",
         "console.iteration_lines=true"]
 
 # point (tests/stop_at.py) -> the run's final status (None: no run may exist)

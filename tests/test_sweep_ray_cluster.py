@@ -58,6 +58,9 @@ HELD_POINT = [f"env.id={HELD}", "env.vec_env=dummy"]
 # Where no worker dies, one worker of 2 CPUs is enough (the head has none): a node fewer to
 # start on a loaded machine.
 ONE_WORKER = {"a": 2}
+# The worker the node-loss tests above leave alive (they kill node a): the first head-loss test
+# runs on their cluster instead of starting one more (a cluster start costs ~30 CPU-s).
+SURVIVOR = {"b": 2}
 HELD_STUDY = ["env=halfcheetah", "debug=tiny", "search=tiny", "tracking.system_metrics=false",
               *HELD_POINT]
 
@@ -112,6 +115,12 @@ def trial_runs_or_none() -> list[Run]:
 def trial_name(run: Run) -> str:
     """The name of a trial run's notebook (and of its hold file): ``trial-000``."""
     return f"trial-{int(run.data.tags['tune.trial']):03d}"
+
+
+def gone_with_node_a(cluster: RayCluster) -> None:
+    """Wait until node a's kernels have exited with its Ray workers (each polls its parent):
+    one released before it noticed would finish its training as though its node had lived."""
+    wait_for(lambda: cluster.processes_of("a") == [], "node a's kernels to exit", timeout_s=120)
 
 
 def start_sweep(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
@@ -185,6 +194,7 @@ def test_a_worker_node_dying_mid_sweep_loses_and_duplicates_nothing(
 
         wait_for(held_on_a, "a point training on node a")
         cluster.nodes["a"].kill()  # the machine dies: raylet, agents, Ray workers at once
+        gone_with_node_a(cluster)
         release(store)  # the other points, and the retries, train to the end
         out, err = sweep.communicate(timeout=900)
     finally:
@@ -240,6 +250,7 @@ def test_a_study_on_the_cluster_keeps_one_storage_when_a_worker_node_dies(
     try:
         wait_for(trial_held_on_a, "a trial training on node a", timeout_s=900)
         cluster.nodes["a"].kill()
+        gone_with_node_a(cluster)
         release(store)  # the other trials, and the retries, train to the end
         out, err = study.communicate(timeout=1200)
     finally:
@@ -273,7 +284,7 @@ def test_a_study_on_the_cluster_keeps_one_storage_when_a_worker_node_dies(
 
 def test_the_head_dying_ends_the_sweep_with_one_line_and_a_new_head_resumes(
         store: Path, shared_cluster: SharedCluster) -> None:
-    cluster = shared_cluster.get(ONE_WORKER)
+    cluster = shared_cluster.get(SURVIVOR)
     nodes = cluster.node_ids()  # the state API lives on the head: ask before it dies
     args = ["sweep.num_envs=[2]", "sweep.n_steps=[64]", "sweep.seeds=[0,1,2]",
             "sweep.workers=2", *HELD_POINT]

@@ -28,7 +28,7 @@ from .conftest import AS_BACKGROUND_JOB, ROOT, run_cli
 
 # InvertedPendulum with debug=tiny: 50-step episodes (a return of at most 50), 384 steps,
 # an evaluation every 128 steps; search=tiny fits that budget.
-TINY_STUDY = ["env=inverted_pendulum", "debug=tiny", "search=tiny",
+TINY_STUDY = ["env=inverted_pendulum", "debug=tiny", "search=tiny", "env.vec_env=dummy",
               "tracking.system_metrics=false"]
 CORES_2 = {"WORKBENCH_CPU_BUDGET": "2"}
 
@@ -398,7 +398,7 @@ def test_a_study_over_seeds_rechecks_its_best_trial_against_the_defaults(store: 
 
 @pytest.mark.slow
 def test_two_tune_workers_share_one_study(store: Path) -> None:
-    args = [sys.executable, "-m", "workbench", "tune", "--n-trials", "4", *TINY_STUDY,
+    args = [sys.executable, "-m", "workbench", "tune", "--n-trials", "3", *TINY_STUDY,
             "tune.study=shared"]
     env = {**os.environ, "WORKBENCH_CPU_BUDGET": "1"}
     workers = [subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -407,16 +407,16 @@ def test_two_tune_workers_share_one_study(store: Path) -> None:
     for worker, (out, err) in zip(workers, outputs, strict=True):
         assert worker.returncode == 0, out[-2000:] + err[-2000:]
     trials = study_trials(store, "shared")
-    assert [t.number for t in trials] == [0, 1, 2, 3]  # the total, never overshot
+    assert [t.number for t in trials] == [0, 1, 2]  # the total, never overshot
     assert all(t.state.name == "COMPLETE" for t in trials)
     children = tune_runs("trial")
-    assert sorted(r.data.tags["tune.trial"] for r in children) == ["0", "1", "2", "3"]
+    assert sorted(r.data.tags["tune.trial"] for r in children) == ["0", "1", "2"]
     assert {t.user_attrs["mlflow_run_id"] for t in trials} == {r.info.run_id for r in children}
     (parent,) = tune_runs("study")  # both workers nest under one parent
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
     assert parent.info.status == "FINISHED"
     ran = [out.count("COMPLETE trial") + err.count("COMPLETE trial") for out, err in outputs]
-    assert sum(ran) == 4 and min(ran) >= 1, ran  # both took part
+    assert sum(ran) == 3 and min(ran) >= 1, ran  # both took part
 
 
 @pytest.mark.slow

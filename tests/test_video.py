@@ -118,7 +118,7 @@ def test_a_closed_envs_render_context_cannot_blank_the_next_video(
     # frees its framebuffers by id in whatever OpenGL context is current then. The collector
     # is made to run right after the next video's context is made (the worst moment): that
     # video must still show the scene (a notebook's second run, a test session).
-    cfg = load_config([*TINY_VIDEO, "env.vec_env=dummy"])
+    cfg = load_config(TINY_VIDEO)
     spec, settings = EnvSpec.from_config(cfg), video.VideoSettings.from_config(cfg.video)
     def policy(obs: np.ndarray) -> np.ndarray:
         return np.zeros((len(obs), 6), np.float32)
@@ -147,7 +147,7 @@ def test_the_final_video_stops_at_its_budget_and_says_so() -> None:
     assert training_video.video_budget(0.25, 100.0) == 25.0
     assert training_video.video_budget(0.25, 0.4) == training_video.MIN_VIDEO_SECONDS
     assert training_video.video_budget(None, 100.0) is None
-    cfg = load_config([*TINY_VIDEO, "env.vec_env=dummy"])
+    cfg = load_config(TINY_VIDEO)
     spec, settings = EnvSpec.from_config(cfg), video.VideoSettings.from_config(cfg.video)
     venv = make_eval_env(spec, video=settings)
     try:

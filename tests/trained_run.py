@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import TINY_VIDEO, embedded_store, run_cli
 
 # Tiny, with checkpoints every iteration (128 steps) and the newest two kept.
-CHECKPOINTED = [*TINY_VIDEO, "env.vec_env=dummy", "console.iteration_lines=false",
+CHECKPOINTED = [*TINY_VIDEO, "console.iteration_lines=false",
                 "tracking.system_metrics=false", "checkpoint.every_steps=128",
                 "checkpoint.keep_last=2"]
 # Tiny HalfCheetah with VecNormalize: the normalization statistics travel with the policy.
