@@ -240,7 +240,7 @@ class RayCluster:
                 names = [r.removeprefix("node_") for r in node.resources_total
                          if r.startswith("node_")]
                 found[node.node_id] = (names[0] if names else "?", node.node_ip)
-            alive = sum(node.alive for node in self.nodes.values())  # a killed one is not
+            alive = sum(n.alive for n in self.nodes.values())  # a killed node is not
             if len(found) == alive or time.monotonic() > deadline:
                 return found
             time.sleep(1)
