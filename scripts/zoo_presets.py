@@ -1,24 +1,27 @@
-"""Write ``conf/experiment/zoo_<algo>_<task>.yaml`` from rl-baselines3-zoo's hyperparameters.
+"""Write ``conf/experiment/zoo_*.yaml`` from rl-baselines3-zoo's hyperparameters.
 
 rl-baselines3-zoo (DLR-RM/rl-baselines3-zoo, ``rl_zoo3`` on PyPI; Raffin et al.) keeps tuned
-values per algorithm and task in ``hyperparams/<algo>.yml``. This script translates its MuJoCo
-entries for A2C, SAC, TD3, TQC and CrossQ into Hydra presets of the workbench, one per
-algorithm and task, each naming the entry it came from in its header:
+values per algorithm and task in ``hyperparams/<algo>.yml``. This script translates its entries
+into Hydra presets of the workbench, each naming the entry it came from in its header:
+PPO's for every task of ``conf/env/`` the zoo lists (``zoo_<task>``, on ``algo=ppo_sb3``) and
+A2C's, SAC's, TD3's, TQC's and CrossQ's for the six MuJoCo tasks (``zoo_<algo>_<task>``).
+By default it reads the rl_zoo3 installed in this environment (``make setup``: the ``zoo``
+extra, pinned in pyproject.toml), else a folder or wheel:
 
-    python scripts/zoo_presets.py --hyperparams <rl_zoo3 folder>/hyperparams
-    python scripts/zoo_presets.py --hyperparams rl_zoo3-2.9.2-py3-none-any.whl
+    python scripts/zoo_presets.py                 # the installed rl_zoo3
+    python scripts/zoo_presets.py --hyperparams rl_zoo3-2.9.3-py3-none-any.whl
 
 The files are read as data (YAML's safe loader; ``policy_kwargs`` strings are parsed as
 Python literals through :mod:`ast`, never evaluated). A key the workbench has no setting for
 stops the script with its name rather than being dropped. ``--check`` compares the committed
-presets with what the files give instead of writing (tests/test_algorithms.py runs it on the
-entries stored in tests/data/zoo_hyperparams/).
+presets with what the files give instead of writing (tests/test_algorithms.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
 import sys
 import zipfile
 from collections.abc import Mapping
@@ -28,19 +31,54 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-ALGOS = {"a2c": "A2C", "sac": "SAC", "td3": "TD3", "tqc": "TQC", "crossq": "CrossQ"}
+ALGOS = {"ppo": "PPO", "a2c": "A2C", "sac": "SAC", "td3": "TD3", "tqc": "TQC",
+         "crossq": "CrossQ"}
 # the zoo's -v4 entries, applied to the workbench's -v5 tasks (conf/env/<task>.yaml)
 TASKS = {"HalfCheetah-v4": "halfcheetah", "Hopper-v4": "hopper", "Walker2d-v4": "walker2d",
          "Ant-v4": "ant", "Humanoid-v4": "humanoid", "Swimmer-v4": "swimmer"}
+# PPO's file has entries for more of conf/env/'s tasks (its -v2 ones applied to -v5 too)
+PPO_TASKS = {**TASKS, "HumanoidStandup-v2": "humanoid_standup",
+             "InvertedDoublePendulum-v2": "inverted_double_pendulum",
+             "InvertedPendulum-v2": "inverted_pendulum", "Reacher-v2": "reacher",
+             "Pendulum-v1": "pendulum", "CartPole-v1": "cartpole", "Acrobot-v1": "acrobot",
+             "MountainCar-v0": "mountain_car",
+             "MountainCarContinuous-v0": "mountain_car_continuous"}
+ACTIVATIONS = {"nn.ReLU": "relu", "nn.Tanh": "tanh", "nn.ELU": "elu"}
 # zoo key -> workbench key (the rest: see translate)
 SAME = ("learning_starts", "buffer_size", "batch_size", "train_freq", "gradient_steps", "gamma",
         "tau", "policy_delay", "top_quantiles_to_drop_per_net", "target_policy_noise",
         "target_noise_clip", "n_steps", "gae_lambda", "ent_coef", "vf_coef", "max_grad_norm",
-        "use_sde", "sde_sample_freq", "normalize_advantage", "use_rms_prop")
+        "use_sde", "sde_sample_freq", "normalize_advantage", "use_rms_prop", "n_epochs")
+ON_POLICY = ("ppo", "a2c")
 
 
 class ZooEntryError(ValueError):
     """An entry with a key or value the workbench cannot express."""
+
+
+def installed_hyperparams() -> Path:
+    """The installed rl_zoo3's ``hyperparams`` folder (found without importing rl_zoo3)."""
+    spec = importlib.util.find_spec("rl_zoo3")
+    if spec is None or spec.origin is None:
+        raise OSError("rl_zoo3 is not installed: make setup installs it (the zoo extra), "
+                      "or pass --hyperparams")
+    return Path(spec.origin).parent / "hyperparams"
+
+
+def installed_version() -> str:
+    from importlib.metadata import version
+
+    return version("rl_zoo3")
+
+
+def tasks(algo: str) -> dict[str, str]:
+    """The zoo's entry ids this script reads for ``algo`` -> the workbench's task."""
+    return PPO_TASKS if algo == "ppo" else TASKS
+
+
+def preset_name(algo: str, task: str) -> str:
+    """``zoo_<task>`` for PPO (the first presets), ``zoo_<algo>_<task>`` for the others."""
+    return f"zoo_{task}" if algo == "ppo" else f"zoo_{algo}_{task}"
 
 
 def read_hyperparams(source: Path, algo: str) -> dict[str, Any]:
@@ -55,6 +93,16 @@ def read_hyperparams(source: Path, algo: str) -> dict[str, Any]:
     return loaded
 
 
+def zoo_entry(algo: str, task: str, source: Path | None = None) -> tuple[str, dict[str, Any]]:
+    """The zoo's id and entry for ``task`` (a conf/env option) in ``hyperparams/<algo>.yml``
+    (default: the installed rl_zoo3's), YAML merge keys resolved."""
+    zoo_id = next((k for k, v in tasks(algo).items() if v == task), None)
+    if zoo_id is None:
+        raise ZooEntryError(f"{task}: rl-baselines3-zoo has no {ALGOS[algo]} entry this "
+                            f"script reads; choose one of {', '.join(tasks(algo).values())}")
+    return zoo_id, read_hyperparams(source or installed_hyperparams(), algo)[zoo_id]
+
+
 def policy_kwargs(text: str) -> dict[str, Any]:
     """``dict(net_arch=[400, 300], log_std_init=-3)`` as a dict, literals only."""
     tree = ast.parse(text, mode="eval").body
@@ -65,26 +113,33 @@ def policy_kwargs(text: str) -> dict[str, Any]:
 
 
 def literal(node: ast.expr) -> Any:
-    """A literal, or a nested ``dict(...)`` of literals."""
+    """A literal, a nested ``dict(...)`` of literals, or an activation's name (``nn.ReLU``)."""
     if isinstance(node, ast.Call):
         return policy_kwargs(ast.unparse(node))
+    if isinstance(node, ast.Attribute) and ast.unparse(node) in ACTIVATIONS:
+        return ast.unparse(node)
     return ast.literal_eval(node)
 
 
 def translate(entry: Mapping[str, Any], algo: str) -> dict[str, Any]:
     """The preset's values for one zoo entry (``env``, ``algo`` and ``total_timesteps``)."""
     algo_values: dict[str, Any] = {}
-    env: dict[str, Any] = {"num_envs": int(entry.get("n_envs", 1)),
-                           "normalize": bool(entry.get("normalize", False))}
+    normalize = entry.get("normalize", False)
+    if not isinstance(normalize, bool):
+        raise ZooEntryError(f"normalize {normalize!r}: only true or false is supported")
+    env: dict[str, Any] = {"num_envs": int(entry.get("n_envs", 1)), "normalize": normalize}
+    if normalize and "gamma" in entry:  # the zoo's VecNormalize discounts with the algorithm's
+        env["norm_gamma"] = entry["gamma"]
     for key, value in entry.items():
         if key in ("policy", "n_timesteps", "n_envs", "normalize"):
             continue
-        if key == "learning_rate":
+        if key in ("learning_rate", "clip_range"):
+            schedule = "lr_schedule" if key == "learning_rate" else "clip_range_schedule"
             if isinstance(value, str) and value.startswith("lin_"):
-                algo_values["learning_rate"] = float(value[4:])
-                algo_values["lr_schedule"] = "linear"
+                algo_values[key] = float(value[4:])
+                algo_values[schedule] = "linear"
             else:
-                algo_values["learning_rate"] = float(value)
+                algo_values[key] = float(value)
         elif key == "noise_type":
             if value != "normal":
                 raise ZooEntryError(f"noise_type {value!r}: only normal noise is supported")
@@ -93,18 +148,23 @@ def translate(entry: Mapping[str, Any], algo: str) -> dict[str, Any]:
         elif key == "policy_kwargs":
             algo_values["policy"] = network(policy_kwargs(value), algo)
         elif key in SAME:
-            algo_values[key] = str(value) if key == "ent_coef" and algo != "a2c" else value
+            algo_values[key] = (str(value) if key == "ent_coef" and algo not in ON_POLICY
+                                else value)
         else:
             raise ZooEntryError(f"{key}: no workbench setting for this zoo key")
     if "noise_std" in entry and "noise_type" not in entry:
         raise ZooEntryError("noise_std without noise_type")
+    if algo == "ppo":  # SB3 takes a minibatch larger than the rollout as the whole rollout
+        rollout = env["num_envs"] * algo_values.get("n_steps", 2048)
+        if algo_values.get("batch_size", 64) > rollout:
+            algo_values["batch_size"] = rollout
     return {"env": env, "algo": algo_values, "total_timesteps": int(entry["n_timesteps"])}
 
 
 def network(kwargs: Mapping[str, Any], algo: str) -> dict[str, Any]:
     """``policy_kwargs`` as ``algo.policy`` keys (a list net_arch is the actor's and critics')."""
     out: dict[str, Any] = {}
-    critic = "vf" if algo == "a2c" else "qf"
+    critic = "vf" if algo in ON_POLICY else "qf"
     for key, value in kwargs.items():
         if key == "net_arch":
             if isinstance(value, list):
@@ -113,28 +173,36 @@ def network(kwargs: Mapping[str, Any], algo: str) -> dict[str, Any]:
                 out.update({("pi" if k == "pi" else critic): list(v) for k, v in value.items()})
         elif key in ("log_std_init", "n_critics", "n_quantiles", "ortho_init"):
             out[key] = value
+        elif key == "activation_fn":
+            out["activation"] = ACTIVATIONS[value]
         else:
             raise ZooEntryError(f"policy_kwargs {key}: no workbench setting for it")
     return out
 
 
-def preset_text(algo: str, zoo_id: str, task: str, values: Mapping[str, Any], version: str
-                ) -> str:
+def preset_text(algo: str, zoo_id: str, task: str, values: Mapping[str, Any], version: str,
+                entry: Mapping[str, Any]) -> str:
     """The YAML file of one preset, its header naming the entry."""
-    name = f"zoo_{algo}_{task}"
+    group = "ppo_sb3" if algo == "ppo" else algo
     values = {k: v for k, v in values.items() if v != {}}
-    body = yaml.safe_dump({"experiment_name": name, **values}, sort_keys=False,
-                          default_flow_style=None, width=96)
+    body = yaml.safe_dump({"experiment_name": preset_name(algo, task), **values},
+                          sort_keys=False, default_flow_style=None, width=96)
+    notes = ""
+    if "batch_size" in entry and values.get("algo", {}).get("batch_size") != entry["batch_size"]:
+        notes = (f"# batch_size: the zoo says {entry['batch_size']}, more than its rollout of "
+                 f"{values['algo']['batch_size']} samples; SB3 then\n# takes the whole rollout "
+                 "as one minibatch, and so does this preset.\n")
     return (
         "# @package _global_\n"
         f"# rl-baselines3-zoo's {ALGOS[algo]} hyperparameters for {zoo_id}\n"
         f"# (DLR-RM/rl-baselines3-zoo, rl_zoo3 {version}, hyperparams/{algo}.yml; credited to "
-        "the zoo\n# authors, Raffin et al.), applied to the -v5 task. Generated by "
-        "scripts/zoo_presets.py:\n# edit the script, not this file. Unset keys keep the "
-        f"library's defaults (conf/algo/{algo}.yaml);\n"
-        "# observations are normalized only where the zoo says so.\n"
+        f"the zoo\n# authors, Raffin et al.), applied to conf/env/{task}.yaml's task. Generated "
+        "by\n# scripts/zoo_presets.py: edit the script, not this file. Unset keys keep the "
+        f"library's\n# defaults (conf/algo/{group}.yaml); observations are normalized only "
+        "where the zoo says\n# so, rewards with the zoo's discount (env.norm_gamma).\n"
+        + notes +
         "defaults:\n"
-        f"  - override /algo: {algo}\n"
+        f"  - override /algo: {group}\n"
         f"  - override /env: {task}\n\n"
         + body
     )
@@ -145,28 +213,34 @@ def presets(source: Path, version: str) -> dict[Path, str]:
     out: dict[Path, str] = {}
     for algo in ALGOS:
         entries = read_hyperparams(source, algo)
-        for zoo_id, task in TASKS.items():
+        for zoo_id, task in tasks(algo).items():
             if zoo_id not in entries:
                 continue
             try:
                 values = translate(entries[zoo_id], algo)
             except ZooEntryError as exc:
                 raise ZooEntryError(f"{algo}.yml {zoo_id}: {exc}") from exc
-            path = ROOT / "conf" / "experiment" / f"zoo_{algo}_{task}.yaml"
-            out[path] = preset_text(algo, zoo_id, task, values, version)
+            path = ROOT / "conf" / "experiment" / f"{preset_name(algo, task)}.yaml"
+            out[path] = preset_text(algo, zoo_id, task, values, version, entries[zoo_id])
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hyperparams", type=Path, required=True,
-                        help="rl_zoo3's hyperparams folder, or an rl_zoo3 wheel")
-    parser.add_argument("--version", default="2.9.2", help="the rl_zoo3 version they come from")
+    parser.add_argument("--hyperparams", type=Path,
+                        help="rl_zoo3's hyperparams folder, or an rl_zoo3 wheel (default: the "
+                             "installed rl_zoo3's)")
+    parser.add_argument("--version", help="the rl_zoo3 version they come from (default: the "
+                                          "installed one's)")
     parser.add_argument("--check", action="store_true",
                         help="compare with the committed presets; exit 1 on a difference")
     args = parser.parse_args(argv)
     try:
-        wanted = presets(args.hyperparams, args.version)
+        source = args.hyperparams or installed_hyperparams()
+        version = args.version or (installed_version() if args.hyperparams is None else None)
+        if version is None:
+            raise OSError("--version: say which rl_zoo3 version the files come from")
+        wanted = presets(source, version)
     except (OSError, KeyError, ZooEntryError) as exc:
         print(f"zoo_presets: {exc}", file=sys.stderr)
         return 2

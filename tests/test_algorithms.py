@@ -114,7 +114,6 @@ def test_an_off_policy_resume_continues_exactly_with_its_replay_buffer(
 # --------------------------------------------------------------------------- zoo presets
 
 ROOT = Path(__file__).resolve().parents[1]
-ZOO_DATA = ROOT / "tests" / "data" / "zoo_hyperparams"  # rl_zoo3 2.9.2's own files
 
 
 def zoo_presets_script() -> Any:
@@ -128,12 +127,18 @@ def zoo_presets_script() -> Any:
 
 
 def test_zoo_presets_are_what_the_zoos_files_give(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every zoo_* preset is what the installed rl_zoo3's hyperparams/*.yml give."""
     script = zoo_presets_script()
-    assert script.main(["--hyperparams", str(ZOO_DATA), "--check"]) == 0, capsys.readouterr()
+    assert script.main(["--check"]) == 0, capsys.readouterr()
+    assert script.installed_version() == "2.9.2"  # the version the presets' headers name
     with pytest.raises(script.ZooEntryError, match=r"^policy_kwargs .*not a dict"):
         script.policy_kwargs("__import__('os').system('true')")
     with pytest.raises(script.ZooEntryError, match=r"^replay_buffer_class: no workbench"):
         script.translate({"n_timesteps": 10, "replay_buffer_class": "HerReplayBuffer"}, "sac")
+    with pytest.raises(script.ZooEntryError, match=r"^normalize 'dict\(norm_obs=False\)': "):
+        script.translate({"n_timesteps": 10, "normalize": "dict(norm_obs=False)"}, "ppo")
+    with pytest.raises(script.ZooEntryError, match=r"^duck: rl-baselines3-zoo has no PPO"):
+        script.zoo_entry("ppo", "duck")
 
 
 @pytest.mark.parametrize("preset", sorted(
@@ -142,8 +147,7 @@ def test_zoo_presets_are_what_the_zoos_files_give(capsys: pytest.CaptureFixture[
 def test_each_zoo_preset_builds_the_zoos_model(preset: str) -> None:
     algo, task = preset.split("_", 2)[1:]
     script = zoo_presets_script()
-    zoo_id = next(k for k, v in script.TASKS.items() if v == task)
-    entry = script.read_hyperparams(ZOO_DATA, algo)[zoo_id]
+    entry = script.zoo_entry(algo, task)[1]
     cfg = config.load_config([f"experiment={preset}"])
     assert (cfg.algo.name, cfg.env.name) == (algo, task)
     assert cfg.total_timesteps == int(entry["n_timesteps"])
@@ -157,6 +161,62 @@ def test_each_zoo_preset_builds_the_zoos_model(preset: str) -> None:
         net = script.policy_kwargs(entry["policy_kwargs"])["net_arch"]
         pi = net if isinstance(net, list) else net["pi"]
         assert algorithms.algorithm(cfg.algo).policy_kwargs(cfg.algo)["net_arch"]["pi"] == pi
+
+
+PPO_PRESETS = sorted(f"zoo_{task}" for task in zoo_presets_script().PPO_TASKS.values())
+
+
+@pytest.mark.parametrize("preset", PPO_PRESETS)
+def test_each_ppo_zoo_preset_builds_what_rl_zoo3_builds(preset: str, tmp_path: Path) -> None:
+    """rl_zoo3's own ExperimentManager builds its model from its hyperparams/ppo.yml entry;
+    the preset's model has the same hyperparameters, network, n_envs and VecNormalize."""
+    import argparse
+
+    import yaml
+    from rl_zoo3.exp_manager import ExperimentManager
+    from stable_baselines3.common.vec_env import VecNormalize
+    from workbench.envs.spec import EnvSpec
+    from workbench.envs.vector import make_envs
+    from workbench.training.model import build_model
+
+    task = preset.removeprefix("zoo_")
+    cfg = load_config([f"experiment={preset}", "device=cpu", "env.vec_env=dummy"])
+    zoo_file = tmp_path / "ppo.yml"  # the zoo's entry under the -v5 id, nothing else changed
+    entry = zoo_presets_script().zoo_entry("ppo", task)[1]
+    zoo_file.write_text(yaml.safe_dump({cfg.env.id: entry}))
+    manager = ExperimentManager(argparse.Namespace(), "ppo", cfg.env.id, str(tmp_path),
+                                eval_freq=-1, device="cpu", config=str(zoo_file), verbose=0)
+    built = manager.setup_experiment()
+    assert built is not None
+    zoo, ours = built[0], build_model(cfg, make_envs(EnvSpec.from_config(cfg)))
+    try:
+        assert type(ours) is type(zoo) and ours.n_envs == zoo.n_envs
+        assert cfg.total_timesteps == manager.n_timesteps
+        for key in ("n_steps", "n_epochs", "gamma", "gae_lambda", "ent_coef", "vf_coef",
+                    "max_grad_norm", "use_sde", "sde_sample_freq", "normalize_advantage",
+                    "target_kl", "clip_range_vf"):
+            assert getattr(ours, key) == getattr(zoo, key), key
+        rollout = zoo.n_steps * zoo.n_envs  # SB3 caps a larger minibatch at the rollout
+        assert ours.batch_size == min(zoo.batch_size, rollout)
+        for schedule in ("lr_schedule", "clip_range"):
+            for progress in (1.0, 0.5, 0.0):
+                assert getattr(ours, schedule)(progress) == pytest.approx(
+                    getattr(zoo, schedule)(progress), rel=1e-12), (schedule, progress)
+        for key in ("net_arch", "activation_fn", "ortho_init", "log_std_init",
+                    "share_features_extractor"):
+            assert getattr(ours.policy, key) == getattr(zoo.policy, key), key
+        ours_norm, zoo_norm = ours.get_vec_normalize_env(), zoo.get_vec_normalize_env()
+        assert (ours_norm is None) == (zoo_norm is None)
+        if isinstance(zoo_norm, VecNormalize) and isinstance(ours_norm, VecNormalize):
+            for key in ("norm_obs", "norm_reward", "gamma", "clip_obs", "clip_reward",
+                        "epsilon"):
+                assert getattr(ours_norm, key) == getattr(zoo_norm, key), key
+        limits = [spec.max_episode_steps for spec in (ours.get_env().get_attr("spec")[0],
+                                                      zoo.get_env().get_attr("spec")[0])]
+        assert limits[0] == limits[1]
+    finally:
+        ours.get_env().close()
+        zoo.get_env().close()
 
 
 # --------------------------------------------------------------------------- export and Hub

@@ -221,6 +221,7 @@ def test_zoo_presets_carry_the_zoos_entries() -> None:
     assert (cartpole.algo.lr_schedule, cartpole.algo.clip_range_schedule) == ("linear", "linear")
     assert cartpole.total_timesteps == 100_000 and not cartpole.env.normalize
     swimmer = load_config(["experiment=zoo_swimmer"])
-    assert (swimmer.algo.gamma, swimmer.algo.n_steps, swimmer.env.normalize) == (0.9999, 2048, True)
+    assert (swimmer.algo.gamma, swimmer.algo.n_steps, swimmer.env.num_envs) == (0.9999, 1024, 4)
+    assert (swimmer.env.normalize, swimmer.env.norm_gamma) == (True, 0.9999)
     car = load_config(["experiment=zoo_mountain_car_continuous"])
     assert (car.algo.policy.log_std_init, car.algo.max_grad_norm) == (-3.29, 5.0)

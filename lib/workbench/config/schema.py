@@ -130,6 +130,9 @@ class EnvConfig:
     normalize: bool = True  # wrap in SB3's VecNormalize (running obs/return statistics)
     norm_obs: bool = True  # with normalize: normalize observations
     norm_reward: bool = True  # with normalize: scale rewards by the return's running std
+    # with norm_reward: that return's discount (SB3's VecNormalize gamma; rl-baselines3-zoo
+    # sets the algorithm's own gamma here, and so do its presets, conf/experiment/zoo_*)
+    norm_gamma: float = ranged(0.99, 0, 1, example=0.99)
     # with normalize: clip normalized observations to +-clip_obs
     clip_obs: float = ranged(10.0, 0, above=True, example=10.0)
     # None keeps the task's own time limit

@@ -21,6 +21,7 @@ class EnvSpec:
     normalize: bool = False
     norm_obs: bool = True
     norm_reward: bool = True
+    norm_gamma: float = 0.99
     clip_obs: float = 10.0
     randomization: RandomizationConfig | None = None  # training envs' domain randomization
 
@@ -38,6 +39,7 @@ class EnvSpec:
             normalize=e.normalize,
             norm_obs=e.norm_obs,
             norm_reward=e.norm_reward,
+            norm_gamma=e.norm_gamma,
             clip_obs=e.clip_obs,
             randomization=e.randomization,
         )

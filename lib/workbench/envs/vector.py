@@ -33,6 +33,7 @@ def make_envs(spec: EnvSpec) -> VecEnv:
             norm_obs=spec.norm_obs,
             norm_reward=spec.norm_reward,
             clip_obs=spec.clip_obs,
+            gamma=spec.norm_gamma,
         )
     return venv
 

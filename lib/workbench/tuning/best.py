@@ -23,7 +23,7 @@ from workbench.config import WorkbenchConfig
 from workbench.config.compose import user_conf_dir
 from workbench.tuning.objectives import UNITS, Objective
 
-ENV_KEYS = ("num_envs", "normalize", "norm_obs", "norm_reward", "clip_obs")
+ENV_KEYS = ("num_envs", "normalize", "norm_obs", "norm_reward", "norm_gamma", "clip_obs")
 
 
 def best_config_path(study: str) -> Path:
