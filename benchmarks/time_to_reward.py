@@ -6,7 +6,12 @@ each seed so no contestant always runs first), each run in a fresh process:
 - ``workbench``: the workbench's default configuration for the task (``workbench train
   env=<task>``, i.e. ``conf/`` as shipped), through ``workbench.training.trainer.train``;
 - ``sb3``: bare stable-baselines3 at its defaults: ``PPO("MlpPolicy", make_vec_env(id, 1))``;
-- ``zoo``: rl-baselines3-zoo's tuned hyperparameters (``experiment=zoo_<task>``);
+- ``zoo``: rl-baselines3-zoo itself (``rl_zoo3``, the ``zoo`` extra): its own
+  ``ExperimentManager`` builds the model, the env wrappers and the normalization from its own
+  ``hyperparams/ppo.yml`` entry for the task (the ``-v4``/``-v2`` entry, on the ``-v5`` task:
+  the entry is copied under the ``-v5`` id into the manager's ``config`` file, nothing else
+  changes); ``--contestant preset=experiment=zoo_<task>`` runs the workbench's preset made
+  from the same entry (scripts/zoo_presets.py);
 - ``--algos sac td3 tqc crossq a2c``: one contestant per algorithm, named after it, with
   rl-baselines3-zoo's tuned values for the task (``experiment=zoo_<algo>_<task>``, generated
   from the zoo's files: docs/algorithms.md) or, where the zoo has none, the library's
@@ -54,6 +59,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
+import yaml  # noqa: E402
 from workbench.review.references import PUBLISHED_PPO  # noqa: E402
 
 # Last threshold: rl-baselines3-zoo's published PPO return at 1M steps (the one table:
@@ -143,6 +149,8 @@ def child(spec: dict[str, Any]) -> None:
     env_id, seed = ENV_IDS[spec["task"]], spec["seed"]
     if spec["contestant"] == "sb3":
         result = bare_sb3(env_id, seed, spec)
+    elif spec["contestant"] == "zoo":
+        result = zoo_run(spec["task"], seed, spec)
     else:
         result = workbench_run(spec["overrides"], seed, spec)
     result["update_share"] = 1.0 - result.pop("rollout_s") / result["train_s"]
@@ -160,6 +168,42 @@ def bare_sb3(env_id: str, seed: int, spec: dict[str, Any]) -> dict[str, Any]:
     model.learn(spec["max_steps"], callback=callback)
     venv.close()
     return callback.result()
+
+
+def zoo_presets() -> Any:
+    """scripts/zoo_presets.py as a module: the task -> zoo entry table lives there."""
+    import importlib.util
+
+    path = harness.ROOT / "scripts" / "zoo_presets.py"
+    module_spec = importlib.util.spec_from_file_location("zoo_presets", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def zoo_run(task: str, seed: int, spec: dict[str, Any]) -> dict[str, Any]:
+    """rl-baselines3-zoo's own ExperimentManager: its model, wrappers and VecNormalize from its
+    ``hyperparams/ppo.yml`` entry, trained by ``model.learn`` with the same callback."""
+    from rl_zoo3.exp_manager import ExperimentManager
+
+    env_id = ENV_IDS[task]
+    zoo_id, entry = zoo_presets().zoo_entry("ppo", task)
+    folder = Path(tempfile.mkdtemp(prefix="wb-ttr-zoo-"))
+    config = folder / "ppo.yml"
+    config.write_text(yaml.safe_dump({env_id: entry}))
+    manager = ExperimentManager(argparse.Namespace(), "ppo", env_id, str(folder),
+                                n_timesteps=spec["max_steps"], eval_freq=-1, seed=seed,
+                                device=spec["device"], config=str(config), verbose=0)
+    built = manager.setup_experiment()
+    assert built is not None
+    model = built[0]
+    callback = make_callback(env_id, seed, manager.normalize, spec)
+    model.learn(spec["max_steps"], callback=[*manager.callbacks, callback])
+    venv = model.get_env()
+    assert venv is not None
+    venv.close()
+    return {**callback.result(), "num_envs": manager.n_envs, "zoo_entry": zoo_id}
 
 
 def workbench_run(overrides: list[str], seed: int, spec: dict[str, Any]) -> dict[str, Any]:
@@ -185,10 +229,10 @@ def workbench_run(overrides: list[str], seed: int, spec: dict[str, Any]) -> dict
 
 def contestants(task: str, extra: list[str], only: list[str] | None,
                 algos: Sequence[str] = ()) -> dict[str, list[str]]:
-    """Name -> workbench overrides (``sb3`` has none: it is bare SB3); ``only`` keeps the
+    """Name -> workbench overrides (``sb3`` and ``zoo`` have none: they are bare SB3 and
+    rl_zoo3); ``only`` keeps the
     built-in and ``--contestant`` ones named, ``algos`` adds one per algorithm."""
-    table: dict[str, list[str]] = {"workbench": [f"env={task}"], "sb3": [],
-                                   "zoo": [f"experiment=zoo_{task}"]}
+    table: dict[str, list[str]] = {"workbench": [f"env={task}"], "sb3": [], "zoo": []}
     for item in extra:
         name, _, overrides = item.partition("=")
         table[name] = [f"env={task}", *split_overrides(overrides)]

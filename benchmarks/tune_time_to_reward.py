@@ -5,8 +5,8 @@
    on one task with a fixed total budget (``--trials`` x ``--trial-budget-s`` training
    seconds on ``--workers`` workers), TPE and the median pruner.
 2. The best trial's values (the ``experiment=tuned/<study>`` file it wrote, as overrides)
-   re-run on ``--seeds`` next to the shipped defaults (``env=<task>``) and the zoo's preset
-   (``experiment=zoo_<task>``), through ``benchmarks/time_to_reward.py``'s protocol
+   re-run on ``--seeds`` next to the shipped defaults (``env=<task>``) and rl-baselines3-zoo
+   itself (``time_to_reward.py``'s ``zoo``), through ``benchmarks/time_to_reward.py``'s protocol
    (interleaved seeds, fresh process per run, training seconds only, evaluations every
    10000 steps x 5 episodes), with ``--rerun-budget-s`` per run.
 

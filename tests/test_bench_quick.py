@@ -86,6 +86,9 @@ def test_train_and_reward_parts_shrunk_feed_the_summary(tmp_path: Path) -> None:
     assert [r["overrides"] for r in reward["runs"] if r["contestant"] == "sac"] == [
         ["experiment=zoo_sac_halfcheetah"]]
     assert all(r["evals"] and r["thresholds"] == [0.0] for r in reward["runs"])
+    # the zoo contestant is rl_zoo3's own ExperimentManager on its HalfCheetah entry
+    assert [(r["zoo_entry"], r["num_envs"]) for r in reward["runs"]
+            if r["contestant"] == "zoo"] == [("HalfCheetah-v4", 1)]
 
     summary = subprocess.run(
         [sys.executable, "-c", "import sys, json; sys.path.insert(0, 'benchmarks'); "
