@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+import pytest
 
 from .conftest import ROOT
 
@@ -21,3 +24,36 @@ def test_a_childs_peak_memory_is_its_own_not_its_parents() -> None:
     grows = harness.Child([sys.executable, "-c",
                            f"import time; held = b'x' * ({HOLD_MB} << 20); time.sleep(1)"]).finish()
     assert HOLD_MB <= grows["peak_rss_mb"] < HOLD_MB + 100, grows["peak_rss_mb"]
+
+
+def test_a_studys_chosen_trial_becomes_the_tasks_tuning_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tune_time_to_reward.py --write-tuning: the tuned preset ``workbench tune`` writes
+    (its real writer) becomes conf/tuning/ppo_<task>.yaml, which ``env=<task>`` then composes,
+    with the study, its command and the verdict in the header."""
+    import tune_time_to_reward as bench
+    from workbench.config import load_config
+    from workbench.tuning.best import best_config_text
+    from workbench.tuning.objectives import Objective
+
+    args = bench.parse_args(["--task", "swimmer", "--target", "282", "--search", "ppo_suite",
+                             "--trial-seeds", "0", "1", "2", "--write-tuning"])
+    chosen = load_config(["env=swimmer", "algo=ppo_sb3", "env.num_envs=4", "algo.n_steps=1024",
+                          "algo.gamma=0.9999", "algo.policy.log_std_init=-1.5"])
+    best = best_config_text("bench-swimmer-ttr", Objective("time_to_target", 282.0, 120.0), 7,
+                            95.0, None, chosen, {"n_steps": 1024, "gamma": 0.9999},
+                            verdict="better than the defaults: PoI 0.91", seeds="0,1,2")
+    text = bench.tuning_text(args, "bench-swimmer-ttr", best)
+    header = [line for line in text.splitlines() if line.startswith("#")]
+    assert "#   workbench tune --n-trials 8 env=swimmer search=ppo_suite " in "\n".join(header)
+    assert "tune.seeds=[0,1,2]" in "\n".join(header)
+    assert "#   re-checked: better than the defaults: PoI 0.91" in header
+    # composed from a tuning folder the way conf/tuning/ is (the user config directory)
+    monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(tmp_path))
+    (tmp_path / "conf" / "tuning").mkdir(parents=True)
+    (tmp_path / "conf" / "tuning" / "ppo_swimmer.yaml").write_text(text)
+    tuned = load_config(["env=swimmer"])
+    assert (tuned.env.num_envs, tuned.algo.n_steps, tuned.algo.gamma) == (4, 1024, 0.9999)
+    assert tuned.algo.policy.log_std_init == -1.5 and tuned.algo.name == "ppo"
+    assert load_config(["env=swimmer", "~tuning"]).algo.n_steps != 1024
