@@ -13,6 +13,8 @@ printed wall times then say nothing about speed.
     python benchmarks/final_return.py                          # HalfCheetah, 1M steps, 3 seeds
     python benchmarks/final_return.py --parallel 3             # all seeds at once
     python benchmarks/final_return.py --steps 20000 --seeds 0  # smoke test
+    python benchmarks/final_return.py --task hopper --steps 20000 --label sac \\
+        experiment=zoo_sac_hopper                              # another configuration
 """
 
 from __future__ import annotations
@@ -91,6 +93,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--episodes", type=int, default=10, help="final evaluation episodes")
     parser.add_argument("--parallel", type=int, default=1, help="seeds trained at once")
+    parser.add_argument("--label", default="",
+                        help="names the configuration in the results file "
+                             "(final_return_<task>_<label>.json) and the table")
     parser.add_argument("overrides", nargs="*", help="extra workbench overrides (default: none)")
     args = parser.parse_args(argv)
     if args.parallel < 1:
@@ -110,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     harness.print_table(
         f"Final deterministic return ({args.episodes} episodes) after {args.steps} steps, "
-        f"workbench defaults",
+        f"{args.label or 'workbench defaults'}",
         ["seed", "final return", "std over episodes", "training s", "vec_env"],
         [[r["seed"], r["final_return"], r["final_return_std"], r["train_s"], r["vec_env"]]
          for r in runs])
@@ -120,12 +125,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     line = f"  mean over {len(returns)} seeds: {mean:.0f} +- {spread:.0f}"
     published = PUBLISHED.get(args.task)
     if published is not None:
-        line += (f"; rl-baselines3-zoo publishes {published[0]:.0f} +- {published[1]:.0f} at 1M "
-                 f"steps (target: not below it)")
+        line += (f"; rl-baselines3-zoo publishes {published[0]:.0f} +- {published[1]:.0f} for "
+                 f"its tuned PPO at 1M steps (the defaults' target: not below it)")
     print(line)
     data = {"args": vars(args), "runs": runs, "mean": mean, "std_over_seeds": spread,
             "published": published}
-    path = harness.write_results(f"final_return_{args.task}", data)
+    name = f"final_return_{args.task}" + (f"_{args.label}" if args.label else "")
+    path = harness.write_results(name, data)
     print(f"results: {path}")
     return data
 
