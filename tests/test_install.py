@@ -200,7 +200,7 @@ def test_make_setup_installs_lock_then_the_chosen_torch_then_the_project(tmp_pat
         f"-m pip install -q --no-compile torch=={version}+cu128 --index-url "
         "https://download.pytorch.org/whl/cu128",
         f"-m compileall -qq -j 0 {tmp_path / 'venv' / 'lib'}",  # bytecode, every core
-        "-m pip install -q --no-compile -e .[dev,team,ray,fast]",
+        "-m pip install -q --no-compile -e .[dev,team,ray,fast,zoo]",
         "-m pip check",
         "-m ipykernel install --sys-prefix --name workbench --display-name Python (workbench)",
         "-m workbench.notebook_errors",  # papermill's one-line errors (a .pth file)
