@@ -230,8 +230,8 @@ def workbench_run(overrides: list[str], seed: int, spec: dict[str, Any]) -> dict
 def contestants(task: str, extra: list[str], only: list[str] | None,
                 algos: Sequence[str] = ()) -> dict[str, list[str]]:
     """Name -> workbench overrides (``sb3`` and ``zoo`` have none: they are bare SB3 and
-    rl_zoo3); ``only`` keeps the
-    built-in and ``--contestant`` ones named, ``algos`` adds one per algorithm."""
+    rl_zoo3); ``only`` keeps the built-in and ``--contestant`` ones named, ``algos`` adds one
+    per algorithm."""
     table: dict[str, list[str]] = {"workbench": [f"env={task}"], "sb3": [], "zoo": []}
     for item in extra:
         name, _, overrides = item.partition("=")

@@ -9,7 +9,7 @@ By default it reads the rl_zoo3 installed in this environment (``make setup``: t
 extra, pinned in pyproject.toml), else a folder or wheel:
 
     python scripts/zoo_presets.py                 # the installed rl_zoo3
-    python scripts/zoo_presets.py --hyperparams rl_zoo3-2.9.3-py3-none-any.whl
+    python scripts/zoo_presets.py --hyperparams rl_zoo3-2.9.3-py3-none-any.whl --version 2.9.3
 
 The files are read as data (YAML's safe loader; ``policy_kwargs`` strings are parsed as
 Python literals through :mod:`ast`, never evaluated). A key the workbench has no setting for
@@ -118,7 +118,11 @@ def literal(node: ast.expr) -> Any:
         return policy_kwargs(ast.unparse(node))
     if isinstance(node, ast.Attribute) and ast.unparse(node) in ACTIVATIONS:
         return ast.unparse(node)
-    return ast.literal_eval(node)
+    try:
+        return ast.literal_eval(node)
+    except ValueError as exc:  # a name or call the workbench has no setting for
+        raise ZooEntryError(f"{ast.unparse(node)}: not a literal or one of "
+                            f"{', '.join(ACTIVATIONS)}") from exc
 
 
 def translate(entry: Mapping[str, Any], algo: str) -> dict[str, Any]:

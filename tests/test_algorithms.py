@@ -137,6 +137,8 @@ def test_zoo_presets_are_what_the_zoos_files_give(capsys: pytest.CaptureFixture[
         script.translate({"n_timesteps": 10, "replay_buffer_class": "HerReplayBuffer"}, "sac")
     with pytest.raises(script.ZooEntryError, match=r"^normalize 'dict\(norm_obs=False\)': "):
         script.translate({"n_timesteps": 10, "normalize": "dict(norm_obs=False)"}, "ppo")
+    with pytest.raises(script.ZooEntryError, match=r"^nn\.SiLU: not a literal or one of "):
+        script.policy_kwargs("dict(activation_fn=nn.SiLU)")
     with pytest.raises(script.ZooEntryError, match=r"^duck: rl-baselines3-zoo has no PPO"):
         script.zoo_entry("ppo", "duck")
 
