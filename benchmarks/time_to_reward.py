@@ -347,9 +347,8 @@ def summarize(data: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
                 bounds[f"workbench/{base}"] = [
                     w / b if math.isfinite(b) else w / args.budget_s for w, b in pairs]
                 shown = ", ".join(
-                    f">= {t:g}: {_ratio(r, u)}" for t, r, u in
-                    zip(thresholds, ratios[f"workbench/{base}"], bounds[f"workbench/{base}"],
-                        strict=True))
+                    f">= {t:g}: {_ratio(w, b, args.budget_s)}"
+                    for t, (w, b) in zip(thresholds, pairs, strict=True))
                 print(f"  workbench / {base} time ratio: {shown}")
         summary[task] = {"thresholds": thresholds, "median_s": medians, "ratios": ratios,
                          "ratio_upper_bounds": bounds, "budget_s": args.budget_s}
@@ -360,11 +359,14 @@ def _seconds(value: float) -> str:
     return f"{value:.0f}" if math.isfinite(value) else ">"  # not reached within the budget
 
 
-def _ratio(value: float, bound: float) -> str:
-    if math.isfinite(value):
-        return f"{value:.2f}"
-    if math.isfinite(bound):
-        return f"< {bound:.2f} (baseline not reached within the budget)"
+def _ratio(workbench_s: float, base_s: float, budget_s: float) -> str:
+    """The time ratio, or its bound where one side did not get there within the budget."""
+    if math.isfinite(workbench_s) and math.isfinite(base_s):
+        return f"{workbench_s / base_s:.2f}"
+    if math.isfinite(workbench_s):
+        return f"< {workbench_s / budget_s:.2f} (baseline not reached within the budget)"
+    if math.isfinite(base_s):
+        return f"> {budget_s / base_s:.2f} (workbench not reached within the budget)"
     return "n/a (neither reached)"
 
 

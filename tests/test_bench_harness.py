@@ -57,3 +57,13 @@ def test_a_studys_chosen_trial_becomes_the_tasks_tuning_file(
     assert (tuned.env.num_envs, tuned.algo.n_steps, tuned.algo.gamma) == (4, 1024, 0.9999)
     assert tuned.algo.policy.log_std_init == -1.5 and tuned.algo.name == "ppo"
     assert load_config(["env=swimmer", "~tuning"]).algo.n_steps != 1024
+
+
+def test_a_time_ratio_says_which_side_missed_the_budget() -> None:
+    import time_to_reward
+
+    inf = float("inf")
+    assert time_to_reward._ratio(30.0, 60.0, 120.0) == "0.50"
+    assert time_to_reward._ratio(30.0, inf, 120.0).startswith("< 0.25 (baseline not reached")
+    assert time_to_reward._ratio(inf, 60.0, 120.0).startswith("> 2.00 (workbench not reached")
+    assert time_to_reward._ratio(inf, inf, 120.0) == "n/a (neither reached)"
