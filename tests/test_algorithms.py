@@ -174,8 +174,17 @@ def test_each_ppo_zoo_preset_builds_what_rl_zoo3_builds(preset: str, tmp_path: P
     the preset's model has the same hyperparameters, network, n_envs and VecNormalize."""
     import argparse
 
+    import gymnasium
     import yaml
+
+    # importing rl_zoo3 swaps gymnasium's TimeLimit for its own everywhere; the rest of this
+    # worker's tests must see gymnasium's (workbench.envs.simstate knows only those wrappers)
+    modules = (gymnasium.wrappers, gymnasium.wrappers.common, gymnasium.envs.registration)
+    original = gymnasium.wrappers.TimeLimit
     from rl_zoo3.exp_manager import ExperimentManager
+
+    for module in modules:
+        setattr(module, "TimeLimit", original)
     from stable_baselines3.common.vec_env import VecNormalize
     from workbench.envs.spec import EnvSpec
     from workbench.envs.vector import make_envs
