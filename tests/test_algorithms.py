@@ -184,7 +184,7 @@ def test_each_ppo_zoo_preset_builds_what_rl_zoo3_builds(preset: str, tmp_path: P
     from rl_zoo3.exp_manager import ExperimentManager
 
     for module in modules:
-        setattr(module, "TimeLimit", original)
+        module.TimeLimit = original  # type: ignore[attr-defined]
     from stable_baselines3.common.vec_env import VecNormalize
     from workbench.envs.spec import EnvSpec
     from workbench.envs.vector import make_envs
