@@ -59,7 +59,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
-import yaml  # noqa: E402
 from workbench.review.references import PUBLISHED_PPO  # noqa: E402
 
 # Last threshold: rl-baselines3-zoo's published PPO return at 1M steps (the one table:
@@ -185,19 +184,10 @@ def zoo_presets() -> Any:
 def zoo_run(task: str, seed: int, spec: dict[str, Any]) -> dict[str, Any]:
     """rl-baselines3-zoo's own ExperimentManager: its model, wrappers and VecNormalize from its
     ``hyperparams/ppo.yml`` entry, trained by ``model.learn`` with the same callback."""
-    from rl_zoo3.exp_manager import ExperimentManager
-
     env_id = ENV_IDS[task]
-    zoo_id, entry = zoo_presets().zoo_entry("ppo", task)
-    folder = Path(tempfile.mkdtemp(prefix="wb-ttr-zoo-"))
-    config = folder / "ppo.yml"
-    config.write_text(yaml.safe_dump({env_id: entry}))
-    manager = ExperimentManager(argparse.Namespace(), "ppo", env_id, str(folder),
-                                n_timesteps=spec["max_steps"], eval_freq=-1, seed=seed,
-                                device=spec["device"], config=str(config), verbose=0)
-    built = manager.setup_experiment()
-    assert built is not None
-    model = built[0]
+    zoo_id, manager, model = zoo_presets().zoo_experiment(
+        task, env_id, Path(tempfile.mkdtemp(prefix="wb-ttr-zoo-")),
+        n_timesteps=spec["max_steps"], seed=seed, device=spec["device"])
     callback = make_callback(env_id, seed, manager.normalize, spec)
     model.learn(spec["max_steps"], callback=[*manager.callbacks, callback])
     venv = model.get_env()

@@ -103,6 +103,25 @@ def zoo_entry(algo: str, task: str, source: Path | None = None) -> tuple[str, di
     return zoo_id, read_hyperparams(source or installed_hyperparams(), algo)[zoo_id]
 
 
+def zoo_experiment(task: str, env_id: str, folder: Path, **kwargs: Any) -> tuple[str, Any, Any]:
+    """rl_zoo3's own ExperimentManager for PPO on ``env_id``, from its entry for ``task``
+    copied under ``env_id`` into the manager's config file (nothing else changed), and the
+    model it builds: ``(zoo id, manager, model)``. ``kwargs`` go to ExperimentManager."""
+    import argparse
+
+    from rl_zoo3.exp_manager import ExperimentManager
+
+    zoo_id, entry = zoo_entry("ppo", task)
+    config = folder / "ppo.yml"
+    config.write_text(yaml.safe_dump({env_id: entry}))
+    manager = ExperimentManager(argparse.Namespace(), "ppo", env_id, str(folder), eval_freq=-1,
+                                config=str(config), verbose=0, **kwargs)
+    built = manager.setup_experiment()
+    if built is None:  # only when it optimizes hyperparameters, which this never asks for
+        raise ZooEntryError(f"{zoo_id}: rl_zoo3 built no model")
+    return zoo_id, manager, built[0]
+
+
 def policy_kwargs(text: str) -> dict[str, Any]:
     """``dict(net_arch=[400, 300], log_std_init=-3)`` as a dict, literals only."""
     tree = ast.parse(text, mode="eval").body

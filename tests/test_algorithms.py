@@ -172,16 +172,13 @@ PPO_PRESETS = sorted(f"zoo_{task}" for task in zoo_presets_script().PPO_TASKS.va
 def test_each_ppo_zoo_preset_builds_what_rl_zoo3_builds(preset: str, tmp_path: Path) -> None:
     """rl_zoo3's own ExperimentManager builds its model from its hyperparams/ppo.yml entry;
     the preset's model has the same hyperparameters, network, n_envs and VecNormalize."""
-    import argparse
-
     import gymnasium
-    import yaml
 
     # importing rl_zoo3 swaps gymnasium's TimeLimit for its own everywhere; the rest of this
     # worker's tests must see gymnasium's (workbench.envs.simstate knows only those wrappers)
     modules = (gymnasium.wrappers, gymnasium.wrappers.common, gymnasium.envs.registration)
     original = gymnasium.wrappers.TimeLimit
-    from rl_zoo3.exp_manager import ExperimentManager
+    import rl_zoo3.exp_manager  # noqa: F401
 
     for module in modules:
         module.TimeLimit = original  # type: ignore[attr-defined]
@@ -192,14 +189,9 @@ def test_each_ppo_zoo_preset_builds_what_rl_zoo3_builds(preset: str, tmp_path: P
 
     task = preset.removeprefix("zoo_")
     cfg = load_config([f"experiment={preset}", "device=cpu", "env.vec_env=dummy"])
-    zoo_file = tmp_path / "ppo.yml"  # the zoo's entry under the -v5 id, nothing else changed
-    entry = zoo_presets_script().zoo_entry("ppo", task)[1]
-    zoo_file.write_text(yaml.safe_dump({cfg.env.id: entry}))
-    manager = ExperimentManager(argparse.Namespace(), "ppo", cfg.env.id, str(tmp_path),
-                                eval_freq=-1, device="cpu", config=str(zoo_file), verbose=0)
-    built = manager.setup_experiment()
-    assert built is not None
-    zoo, ours = built[0], build_model(cfg, make_envs(EnvSpec.from_config(cfg)))
+    _, manager, zoo = zoo_presets_script().zoo_experiment(task, cfg.env.id, tmp_path,
+                                                         device="cpu")
+    ours = build_model(cfg, make_envs(EnvSpec.from_config(cfg)))
     try:
         assert type(ours) is type(zoo) and ours.n_envs == zoo.n_envs
         assert cfg.total_timesteps == manager.n_timesteps
