@@ -27,7 +27,9 @@ POOL = "envpool" if envpool_vec.is_installed() else "dummy"
     ("spec", "expected"),
     [
         (EnvSpec("HalfCheetah-v5", 16, "auto"), POOL),  # EnvPool runs it (where installed)
-        (EnvSpec("Hopper-v5", 1, "auto"), POOL),
+        (EnvSpec("Hopper-v5", 8, "auto"), POOL),
+        (EnvSpec("Hopper-v5", 7, "auto"), "dummy"),  # too few envs for EnvPool's hand-off
+        (EnvSpec("Hopper-v5", 1, "auto"), "dummy"),
         (EnvSpec("CartPole-v1", 8, "auto"), "dummy"),  # not one of EnvPool's MuJoCo tasks
         (EnvSpec("HalfCheetah-v5", 4, "auto", randomization=RandomizationConfig(
             friction=[0.8, 1.2])), "dummy"),  # randomization wraps gymnasium envs
@@ -73,31 +75,35 @@ def test_calibrate_command_prints_the_table(capsys: pytest.CaptureFixture[str]) 
     out = capsys.readouterr().out
     assert "Backends for Hopper-v5 x 2 envs (0.05 s each, random actions)" in out
     assert "dummy" in out and "x dummy)" in out
-    assert f"auto: {'EnvPool runs Hopper-v5' if POOL == 'envpool' else 'dummy ('}" in out
+    assert "auto: dummy (" in out  # 2 envs: below EnvPool's threshold, or not installed
+    assert cli.main(["calibrate", "--seconds", "0.05", "env=hopper", "env.num_envs=8"]) == 0
+    assert f"auto: {'EnvPool runs Hopper-v5' if POOL == 'envpool' else 'dummy ('}" in (
+        capsys.readouterr().out)
     assert cli.main(["calibrate", "--seconds", "0"]) == 2
 
 
 def test_make_envs_resolves_auto() -> None:
-    venv = make_envs(EnvSpec("Hopper-v5", 2, vec_env="auto"))
+    venv = make_envs(EnvSpec("Hopper-v5", 8, vec_env="auto"))
     try:
-        expected = calibration.choose_vec_env(EnvSpec("Hopper-v5", 2, vec_env="auto"))
+        expected = calibration.choose_vec_env(EnvSpec("Hopper-v5", 8, vec_env="auto"))
         kind = {"dummy": "DummyVecEnv", "subproc": "SubprocVecEnv", "envpool": "EnvPoolVecEnv"}
         # The backend sits under workbench.envs.guards' NaN/crash guard, as a guarded subclass.
         backend = type(venv.unwrapped).__mro__
         assert kind[expected.name] in {cls.__name__ for cls in backend}
-        assert venv.reset().shape == (2, 11)
+        assert venv.reset().shape == (8, 11)
     finally:
         venv.close()
 
 
 def test_auto_is_the_default_and_is_logged(store: Path) -> None:
     assert load_config([]).env.vec_env == "auto"
-    result = train(load_config([*TINY, "env.vec_env=auto", "tracking.system_metrics=false"]))
+    result = train(load_config([*TINY, "env.vec_env=auto", "env.num_envs=8", "algo.n_steps=16",
+                                "tracking.system_metrics=false"]))
     params = MlflowClient(os.environ["MLFLOW_TRACKING_URI"]).get_run(result.run_id).data.params
     assert params["env.vec_env"] == "auto"
     assert params["derived.vec_env"] == POOL
     assert not any("rates" in key for key in params)  # timings never become params
-    threads = auto_torch_threads(2, params["derived.vec_env"])
+    threads = auto_torch_threads(8, params["derived.vec_env"])
     assert params["derived.torch_threads"] == str(threads)
 
 

@@ -4,10 +4,13 @@ The same command on the same machine must give the same numbers whatever the mac
 and the backend changes the numbers (EnvPool's reset noise differs from gymnasium's), so
 ``auto`` is decided by a rule, never by a timing:
 
-- ``envpool`` when it is installed and runs the task as configured (one of its gymnasium
-  MuJoCo tasks, kwargs it knows, no ``env.randomization``): its C++ threads step without
-  Python per env step, faster than ``dummy`` and more so with more cores
-  (docs/benchmarks.md#physics-limit-and-sampling);
+- ``envpool`` when it is installed, runs the task as configured (one of its gymnasium
+  MuJoCo tasks, kwargs it knows, no ``env.randomization``) and the run has at least
+  :data:`ENVPOOL_MIN_ENVS` envs: its C++ threads step without Python per env step, faster
+  than ``dummy`` and more so with more cores (docs/benchmarks.md#physics-limit-and-sampling).
+  Each batched step pays a fixed ~100-150 us hand-off to its threads, so with fewer envs
+  ``dummy`` steps faster (measured per task and env count:
+  docs/benchmarks.md#envvec_envauto-below-8-envs);
 - ``dummy`` otherwise: one process, the easiest to debug. ``subproc`` (one process per env,
   pipes in between) is never chosen by ``auto``: it pays only for expensive steps on spare
   cores, which a user pins with ``env.vec_env=subproc`` after measuring.
@@ -36,6 +39,7 @@ from workbench.envs.cores import cpu_budget
 from workbench.envs.spec import EnvSpec
 
 SAMPLE_SECONDS = 0.3  # stepping time per measured backend (after a short warm-up)
+ENVPOOL_MIN_ENVS = 8  # fewer envs: dummy steps faster (EnvPool's per-step thread hand-off)
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,9 @@ def choose_vec_env(spec: EnvSpec) -> VecEnvChoice:
     if spec.vec_env != "auto":
         return VecEnvChoice(spec.vec_env, "set in the config")
     why_not = envpool_vec.unsupported_reason(spec.env_id, spec.kwargs, spec.randomization)
+    if why_not is None and spec.num_envs < ENVPOOL_MIN_ENVS:
+        why_not = (f"{spec.num_envs} envs: below {ENVPOOL_MIN_ENVS}, EnvPool's per-step "
+                   "thread hand-off costs more than it saves")
     if why_not is None:
         return VecEnvChoice("envpool", f"auto: EnvPool runs {spec.env_id}")
     return VecEnvChoice("dummy", f"auto: dummy ({why_not})")
