@@ -94,6 +94,22 @@ def test_time_to_target_scores_the_budget_when_never_reached() -> None:
 
 
 @pytest.mark.unit
+def test_a_run_no_trial_follows_still_keeps_the_study_clock() -> None:
+    # One seed of a study over seeds, or a run of the re-check: the objective's budget, a stop
+    # once the target is reached, and the curve the driver scores, with no Optuna trial.
+    from workbench.training.callbacks import STOP
+    from workbench.tuning.trial import ClockReporter
+
+    reporter = ClockReporter(Objective("time_to_target", target=100.0, budget_s=60.0,
+                                       report_every_s=10.0))
+    assert reporter.budget_s == 60.0
+    assert reporter.progress(5.0, 500, 20.0) == CONTINUE
+    assert reporter.progress(9.0, 900, None) == CONTINUE
+    assert reporter.progress(15.0, 1500, 120.0) == STOP
+    assert [(p.train_s, p.mean_return) for p in reporter.curve] == [(5.0, 20.0), (15.0, 120.0)]
+
+
+@pytest.mark.unit
 def test_area_under_the_return_vs_time_curve() -> None:
     # 10 until 20 s (the first evaluation's return also before it), 30 until the budget
     points = curve((10, 10), (20, 30))
@@ -343,10 +359,12 @@ def test_four_trial_study_prunes_resumes_and_writes_a_best_config(store: Path,
 
 @pytest.mark.slow
 def test_a_study_over_seeds_rechecks_its_best_trial_against_the_defaults(store: Path) -> None:
-    # A trial on 2 seeds, then it and the defaults on 2 fresh seeds: 6 trainings, 2 at a time.
+    # A trial on 2 seeds, then it and the defaults on 2 fresh seeds: 6 trainings, 2 at a time,
+    # each on the study's clock: time to a return of 1, which the first evaluation reaches.
+    timed = ["tune.objective=time_to_target", "tune.target=1", "tune.budget_s=600"]
     args = ["tune", "--n-trials", "1", *TINY_STUDY, "tune.study=seeded", "tune.seed=1",
             "tune.seeds=[0,1]", "tune.recheck_top=1", "tune.recheck_seeds=[5,6]",
-            "tune.pruner=wilcoxon", "tune.workers=2"]
+            "tune.pruner=wilcoxon", "tune.workers=2", *timed]
     proc = run_cli(*args, env=CORES_2, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "each trial on seeds 0, 1 (median); the best 1 then against the defaults on seeds " \
@@ -361,8 +379,15 @@ def test_a_study_over_seeds_rechecks_its_best_trial_against_the_defaults(store: 
             sum(float(r.data.tags["tune.seed_value"]) for r in mine) / 2)
         assert {r.data.tags["tune.state"] for r in mine} == {"COMPLETE"}
         assert sorted(trial.intermediate_values) == [0, 1]  # reported seed by seed
-    best = max(trials, key=lambda t: t.value)
+        for run in mine:  # timed on the kernel's clock, stopped once the target was reached
+            assert float(run.data.tags["tune.seed_value"]) < 600
+            assert run.data.metrics["trial/eval_train_s"] < 600
+            assert run.data.metrics["time/total_timesteps"] < 384
+    best = min(trials, key=lambda t: t.value)
     checked = tune_runs("recheck")
+    for run in checked:  # the check's runs train on the study's clock too
+        assert run.data.metrics["trial/eval_train_s"] < 600
+        assert run.data.metrics["time/total_timesteps"] < 384
     assert sorted((r.data.tags["tune.recheck"], r.data.params["seed"]) for r in checked) == [
         ("defaults", "5"), ("defaults", "6"), (f"trial-{best.number:03d}", "5"),
         (f"trial-{best.number:03d}", "6")]
@@ -389,7 +414,7 @@ def test_a_study_over_seeds_rechecks_its_best_trial_against_the_defaults(store: 
     assert f"is {verdict}" in again.stdout
     assert len(tune_runs("recheck")) == 4 and len(tune_runs("trial")) == 2
 
-    other = run_cli("tune", "--n-trials", "1", *TINY_STUDY, "tune.study=seeded",
+    other = run_cli("tune", "--n-trials", "1", *TINY_STUDY, "tune.study=seeded", *timed,
                     "tune.seeds=[0,1,2]")
     assert other.returncode == 2
     assert "tune.study=seeded: this study's trials train on seeds [0, 1], not [0, 1, 2]" \

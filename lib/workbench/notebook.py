@@ -31,7 +31,7 @@ from workbench.tracking.writer import LATE_PREFIXES, late_prefixes, numeric_item
 from workbench.training import algorithms
 from workbench.training.faults import TrainingInterrupted
 from workbench.training.trainer import summary_rows
-from workbench.tuning.trial import TrialSession, open_trial
+from workbench.tuning.trial import CHECK_ENV, TrialSession, open_check, open_trial
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -216,9 +216,12 @@ def top_level_names(source: str) -> list[str]:
 
 def tuning_trial(params: NotebookParameters) -> TrialSession:
     """The tuning trial this execution trains for (``workbench tune`` sets ``study`` and
-    ``trial``): its run tags and the callback that reports to it; empty outside a study."""
+    ``trial``): its run tags and the callback that reports to it; a run of a study's re-check
+    (its kernel environment names the study): the study's clock and budget; empty outside a
+    study."""
     if not params.study:
-        return TrialSession()
+        check = os.environ.get(CHECK_ENV)
+        return open_check(check) if check else TrialSession()
     if params.trial < 0:
         raise ParameterError(f"notebook parameter trial={params.trial}: a study's trial needs "
                              "its number (>= 0), e.g. -p trial 3")

@@ -84,7 +84,13 @@ from workbench.tuning.storage import (
     quiet_optuna,
     study_lock,
 )
-from workbench.tuning.trial import OBJECTIVE_ATTR, SEEDS_ATTR, STORAGE_ENV, format_value
+from workbench.tuning.trial import (
+    CHECK_ENV,
+    OBJECTIVE_ATTR,
+    SEEDS_ATTR,
+    STORAGE_ENV,
+    format_value,
+)
 
 PARENT_ATTR = "workbench.parent_run_id"
 COMPLETE, PRUNED, FAIL = "COMPLETE", "PRUNED", "FAIL"
@@ -468,7 +474,7 @@ def trial_spec(plan: TunePlan, number: int, values: dict[str, Any], parent_id: s
         env_vars={"MLFLOW_TRACKING_URI": plan.tracking_uri, "WORKBENCH_CPU_BUDGET": budget,
                   "OMP_NUM_THREADS": budget, "MKL_NUM_THREADS": budget,
                   "WORKBENCH_NOTEBOOK": str(plan.out_dir / f"{point}.ipynb"),
-                  STORAGE_ENV: plan.storage},
+                  STORAGE_ENV: plan.storage, **({CHECK_ENV: plan.study} if candidate else {})},
         timeout=plan.settings.timeout,
     )
     return spec, adjusted

@@ -23,8 +23,10 @@ from workbench.tuning.storage import PRUNED_AT, open_storage, quiet_optuna
 STORAGE_ENV = "WORKBENCH_TUNE_STORAGE"
 OBJECTIVE_ATTR = "workbench.objective"  # study user attr: Objective.as_dict()
 # study user attr: tune.seeds; a study over seeds is pruned by its driver between seeds, so
-# its trials' kernels train without reporting
+# its trials' kernels train on the study's clock without reporting
 SEEDS_ATTR = "workbench.seeds"
+# a re-check run's kernel environment: its study, whose clock and budget the run trains on
+CHECK_ENV = "WORKBENCH_TUNE_CHECK"
 
 
 @dataclass
@@ -36,14 +38,31 @@ class TrialSession:
     callbacks: list[Any] = field(default_factory=list)
 
 
-class OptunaReporter:
-    """The :class:`~workbench.training.callbacks.TrialReporter` of an Optuna trial."""
+class ClockReporter:
+    """A :class:`~workbench.training.callbacks.TrialReporter` that reports to no one: the
+    study's clock and budget for a run no Optuna trial follows step by step (one seed of a
+    trial in a study over seeds, pruned by its driver between seeds; a run of the re-check).
+    Training stops at the budget or once the objective is settled, and records the curve
+    (``trial/eval_train_s``) that the driver scores it from."""
 
-    def __init__(self, trial: Any, objective: Objective) -> None:
-        self.trial = trial
+    def __init__(self, objective: Objective) -> None:
         self.objective = objective
         self.budget_s = objective.budget_s
         self.curve: list[Evaluation] = []
+
+    def progress(self, train_s: float, steps: int, mean_return: float | None) -> str:
+        if mean_return is not None:
+            self.curve.append(Evaluation(train_s, steps, mean_return))
+        return STOP if self.objective.settled(self.curve) else CONTINUE
+
+
+class OptunaReporter(ClockReporter):
+    """The :class:`~workbench.training.callbacks.TrialReporter` of an Optuna trial: reports
+    each due value to it and answers PRUNE when its pruner says so."""
+
+    def __init__(self, trial: Any, objective: Objective) -> None:
+        super().__init__(objective)
+        self.trial = trial
         self.done = 0  # the last report made
 
     def progress(self, train_s: float, steps: int, mean_return: float | None) -> str:
@@ -60,16 +79,34 @@ class OptunaReporter:
         return STOP if self.objective.settled(self.curve) else CONTINUE
 
 
+def study_storage(study_name: str, what: str) -> Any:
+    """The storage of the study the kernel's environment names (``what``: the parameter or
+    variable that named the study, for the error)."""
+    quiet_optuna()
+    url = os.environ.get(STORAGE_ENV)
+    if not url:
+        raise ConfigError(f"{what}={study_name!r}: {STORAGE_ENV} is not set; "
+                          "trials are started by `workbench tune`, which sets it")
+    return open_storage(url, heartbeat=False)
+
+
+def open_check(study_name: str) -> TrialSession:
+    """A run of ``study_name``'s re-check: its clock and budget, no trial to report to (its
+    tags come with the run's sweep point)."""
+    storage = study_storage(study_name, CHECK_ENV)
+    try:
+        study_id = storage.get_study_id_from_name(study_name)
+    except KeyError as exc:
+        raise ConfigError(f"{CHECK_ENV}={study_name!r}: no such study in the storage") from exc
+    objective = Objective.from_dict(storage.get_study_user_attrs(study_id)[OBJECTIVE_ATTR])
+    return TrialSession(callbacks=[TrialCallback(ClockReporter(objective))])
+
+
 def open_trial(study_name: str, number: int) -> TrialSession:
     """The session of trial ``number`` of ``study_name``; bad settings: :class:`ConfigError`."""
     import optuna
 
-    quiet_optuna()
-    url = os.environ.get(STORAGE_ENV)
-    if not url:
-        raise ConfigError(f"notebook parameter study={study_name!r}: {STORAGE_ENV} is not set; "
-                          "trials are started by `workbench tune`, which sets it")
-    storage = open_storage(url, heartbeat=False)
+    storage = study_storage(study_name, "notebook parameter study")
     try:
         study_id = storage.get_study_id_from_name(study_name)
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
@@ -84,8 +121,8 @@ def open_trial(study_name: str, number: int) -> TrialSession:
     trial = optuna.trial.Trial(study, trial_id)
     frozen = storage.get_trial(trial_id)
     tags = trial_tags(study_name, number, frozen.params, objective)
-    if attrs.get(SEEDS_ATTR):
-        return TrialSession(tags=tags)
+    if attrs.get(SEEDS_ATTR):  # pruned between seeds by the driver: the clock only
+        return TrialSession(tags=tags, callbacks=[TrialCallback(ClockReporter(objective))])
     return TrialSession(tags=tags, callbacks=[TrialCallback(OptunaReporter(trial, objective))])
 
 
