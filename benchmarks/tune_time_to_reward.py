@@ -16,7 +16,9 @@
         --trial-budget-s 120 --workers 2      # a larger budget, for a machine of its own
     python benchmarks/tune_time_to_reward.py --task swimmer --target 282 --trials 30 \\
         --trial-budget-s 120 --workers 2 --search ppo_suite --trial-seeds 0 1 2 \\
-        --seeds 20 21 22 --write-tuning      # the suite's per-task values (docs/benchmarks.md)
+        --seeds 20 21 22 --write-tuning \\
+        --study-override tune.eval_every_steps=20480 tune.recheck_top=1
+        # the suite's per-task values (docs/benchmarks.md); the overrides: fewer evaluations
 
 With ``--trial-seeds`` each trial trains on those seeds (``tune.seeds``: pruning between
 seeds, the best trials re-checked against the defaults on fresh seeds, a verdict; see
@@ -57,7 +59,7 @@ def study_command(args: argparse.Namespace, study: str) -> list[str]:
         f"tune.target={args.target:g}", f"tune.budget_s={args.trial_budget_s:g}",
         f"tune.workers={args.workers}", f"tune.study={study}", f"tune.seed={args.sampler_seed}",
         f"tune.startup_trials={args.startup_trials}", *seeds, "total_timesteps=5000000",
-        "tracking.system_metrics=false", "console.iteration_lines=false",
+        "tracking.system_metrics=false", "console.iteration_lines=false", *args.study_override,
     ]
 
 
@@ -147,6 +149,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                         "MuJoCo suite's wider space)")
     parser.add_argument("--trial-seeds", nargs="+", type=int, default=[],
                         help="seeds every trial trains on (tune.seeds); none: one seed")
+    parser.add_argument("--study-override", nargs="+", default=[], metavar="OVERRIDE",
+                        help="more overrides of the study, e.g. tune.eval_every_steps=20480 "
+                             "tune.recheck_top=1")
     parser.add_argument("--write-tuning", action="store_true",
                         help="write the chosen trial as conf/tuning/ppo_<task>.yaml")
     args = parser.parse_args(argv)

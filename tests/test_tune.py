@@ -49,7 +49,8 @@ def test_the_ppo_space_parses_with_types_from_the_config_keys() -> None:
     assert space["n_epochs"].kind == "int"
     assert space["n_steps"].choices == (64, 128, 256, 512)
     assert space.overrides({"net_width": 128, "gamma": 0.99}) == [
-        "algo.gamma=0.99", "algo.policy.pi=[128,128]", "algo.policy.vf=[128,128]"]
+        "algo.gamma=0.99", "env.norm_gamma=0.99", "algo.policy.pi=[128,128]",
+        "algo.policy.vf=[128,128]"]
 
 
 @pytest.mark.unit
@@ -81,16 +82,36 @@ def test_a_dotted_config_key_is_a_search_key() -> None:
 
 
 @pytest.mark.unit
-def test_time_to_target_scores_the_budget_when_never_reached() -> None:
+def test_time_to_target_ranks_unreached_trials_by_their_shortfall() -> None:
     objective = Objective("time_to_target", target=100.0, budget_s=60.0, report_every_s=10.0)
     assert objective.direction == "minimize"
     assert objective.score(curve((5, 20), (15, 120), (25, 90)), None) == 15
-    assert objective.score(curve((5, 20), (15, 60)), None) == 60.0  # the budget
+    # Never reached: past the budget by the best evaluation's shortfall (60 of 100: 40 %).
+    assert objective.score(curve((5, 20), (15, 60)), None) == pytest.approx(84.0)
+    assert objective.score(curve((5, 20), (15, 90)), None) == pytest.approx(66.0)  # closer
+    assert math.isnan(objective.score([], None))  # nothing evaluated: cannot be scored
     assert objective.settled(curve((15, 120))) and not objective.settled(curve((15, 99)))
     # Reports every 10 training seconds: the shortfall of the latest evaluation by then.
     assert objective.reports(curve((5, 20), (15, 60)), now_s=21, done=0) == [(1, 80), (2, 40)]
     assert objective.reports(curve((5, 20), (15, 60)), now_s=21, done=1) == [(2, 40)]
     assert objective.reports(curve((15, 60)), now_s=12, done=0) == []  # nothing known at 10 s
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("values", "message"), [
+    ("[{lr:1}]", "tune.enqueue[0].lr: not in search=ppo_suite; its keys: learning_rate,"),
+    ("[{n_steps:100}]", "tune.enqueue[0].n_steps=100: not one of {64, 128, 256, 512, 1024}"),
+    ("[{n_steps:64},{learning_rate:1.0}]",
+     "tune.enqueue[1].learning_rate=1.0: outside [1e-05, 0.002] log"),
+    ("[{}]", "tune.enqueue[0]={}: give search keys and values"),
+])
+def test_enqueued_trials_are_checked_against_the_space(values: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        plan_tune(["env=swimmer", "search=ppo_suite", f"tune.enqueue={values}"])
+    plain = plan_tune(["env=swimmer", "search=ppo_suite"])
+    started = plan_tune(["env=swimmer", "search=ppo_suite", "tune.enqueue=[{n_steps:1024}]"])
+    assert started.enqueue == ({"n_steps": 1024},) and plain.enqueue == ()
+    assert started.study != plain.study  # another starting point, another study
 
 
 @pytest.mark.unit
@@ -364,13 +385,15 @@ def test_a_study_over_seeds_rechecks_its_best_trial_against_the_defaults(store: 
     timed = ["tune.objective=time_to_target", "tune.target=1", "tune.budget_s=600"]
     args = ["tune", "--n-trials", "1", *TINY_STUDY, "tune.study=seeded", "tune.seed=1",
             "tune.seeds=[0,1]", "tune.recheck_top=1", "tune.recheck_seeds=[5,6]",
-            "tune.pruner=wilcoxon", "tune.workers=2", *timed]
+            "tune.pruner=wilcoxon", "tune.workers=2", *timed,
+            "tune.enqueue=[{n_steps:128,num_envs:2}]"]  # the trial starts from these
     proc = run_cli(*args, env=CORES_2, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "each trial on seeds 0, 1 (median); the best 1 then against the defaults on seeds " \
            "5, 6" in proc.stdout
     trials = study_trials(store, "seeded")
     assert [t.state.name for t in trials] == ["COMPLETE"]
+    assert (trials[0].params["n_steps"], trials[0].params["num_envs"]) == (128, 2)  # enqueued
     runs = tune_runs("trial")
     for trial in trials:  # one run per seed; the trial's value is their median
         mine = [r for r in runs if r.data.tags["tune.trial"] == str(trial.number)]

@@ -57,7 +57,8 @@ class TuneObjective(StrEnum):
     """What a tuning study optimizes (``tune.objective``; docs/tuning.md)."""
 
     final_return = "final_return"  # the final deterministic evaluation's mean return (maximize)
-    # training seconds until an evaluation reaches tune.target; never: tune.budget_s (minimize)
+    # training seconds until an evaluation reaches tune.target (minimize); never: more than
+    # tune.budget_s, by the best evaluation's shortfall
     time_to_target = "time_to_target"
     # area under the evaluation return vs training seconds over tune.budget_s, divided by it:
     # the mean return over the budget (maximize)
@@ -301,6 +302,9 @@ class TuneConfig:
     recheck_top: int = ranged(2, 0, example=2)
     # seeds of that check, none of tune.seeds; None: as many as tune.seeds, after the largest
     recheck_seeds: list[int] | None = None
+    # trials to run first with these values (search keys; a key left out is sampled), e.g.
+    # rl-baselines3-zoo's entry for the task, so the sampler starts from a known setting
+    enqueue: list[dict[str, Any]] = field(default_factory=list)
     executor: SweepExecutor = SweepExecutor.local
     # seconds per trial (kernel start included); None: no limit
     timeout: float | None = ranged(None, 0, above=True, example=3600)

@@ -7,8 +7,12 @@ excluded), as ``benchmarks/time_to_reward.py`` measures.
 
 - ``final_return``: the final evaluation's mean return (maximize). Report k is the evaluation
   after k x ``tune.eval_every_steps`` env steps, its value that evaluation's return.
-- ``time_to_target``: training seconds at the first evaluation that reaches ``tune.target``;
-  a trial that never does scores ``tune.budget_s``, so every trial is comparable (minimize).
+- ``time_to_target``: training seconds at the first evaluation that reaches ``tune.target``
+  (minimize). A trial that never does scores more than the budget, by how far its best
+  evaluation fell short: ``budget_s x (1 + (target - best) / max(|target|, 1))``. Every
+  reaching trial ranks before every other, and among the others the closer ranks first, so a
+  hard target still gives the sampler something to learn from (scoring all of them the
+  budget left TPE a flat landscape: a Swimmer study's first trials all scored exactly 100 s).
   Report k is at k x ``report_every_s`` training seconds, its value the shortfall
   ``target - return`` of the latest evaluation by then (lower is better, like the objective).
 - ``auc``: the area under the return-vs-training-seconds curve over ``[0, budget_s]`` divided
@@ -90,8 +94,14 @@ class Objective:
         if self.name == "final_return":
             return math.nan if final_return is None else float(final_return)
         if self.name == "time_to_target":
-            reached = time_reached(curve, self.target_value())
-            return reached if reached is not None else self.budget()
+            if not curve:
+                return math.nan
+            target = self.target_value()
+            reached = time_reached(curve, target)
+            if reached is not None:
+                return reached
+            best = max(point.mean_return for point in curve)
+            return self.budget() * (1.0 + (target - best) / max(abs(target), 1.0))
         return area(curve, self.budget()) / self.budget() if curve else math.nan
 
     def settled(self, curve: Sequence[Evaluation]) -> bool:

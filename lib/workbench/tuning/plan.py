@@ -80,7 +80,7 @@ def plan_tune(overrides: Sequence[str] | TuneRequest, n_trials: int | None = Non
         study=request.study, env=base.env.name, space=request.space,
         objective=request.objective, settings=tune, n_trials=request.n_trials, base=base,
         point_overrides=request.point_overrides, seeds=request.seeds,
-        recheck_seeds=request.recheck_seeds, tracking_uri=tracking_uri,
+        recheck_seeds=request.recheck_seeds, enqueue=request.enqueue, tracking_uri=tracking_uri,
         experiment=base.tracking.experiment, storage=storage,
         out_dir=paths.experiments_dir() / "tuning" / request.study,
     )

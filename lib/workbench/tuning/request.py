@@ -17,8 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from workbench import config
 from workbench.config import ConfigError, TuneConfig, WorkbenchConfig
@@ -58,6 +59,7 @@ class TuneRequest:
     point_overrides: list[str]  # every trial's notebook gets these, then its sampled values
     seeds: tuple[int, ...]  # tune.seeds: each trial trains once per seed; (): on `seed`
     recheck_seeds: tuple[int, ...]  # the fresh seeds of the check against the defaults
+    enqueue: tuple[dict[str, Any], ...]  # tune.enqueue, checked: trials to run first
 
     @property
     def rechecks(self) -> bool:
@@ -88,12 +90,14 @@ def check_request(overrides: Sequence[str], n_trials: int | None = None) -> Tune
     check_budget(space, base)
     check_sampler(tune, space)
     seeds, recheck_seeds = check_seeds(tune)
+    enqueue = tuple(space.fixed_values(values, f"tune.enqueue[{i}]")
+                    for i, values in enumerate(tune.enqueue))
     for text in point_overrides if seeds else ():
         if override_key(text) == "seed":
             raise ConfigError(f"{text!r} on the command line: with tune.seeds every trial "
                               "trains on each of them; drop it or put it in tune.seeds")
     study = tune.study or study_identity(base.env.name, space, objective, point_overrides,
-                                         seeds, str(tune.aggregate))
+                                         seeds, str(tune.aggregate), enqueue)
     if not STUDY_PATTERN.fullmatch(study):
         raise ConfigError(f"tune.study={study!r}: use letters, digits, '_', '.', '-' only")
     total = n_trials if n_trials is not None else tune.n_trials
@@ -106,7 +110,7 @@ def check_request(overrides: Sequence[str], n_trials: int | None = None) -> Tune
                           "(0: the trials get no GPU from Ray)")
     return TuneRequest(study=study, space=space, objective=objective, settings=tune,
                        n_trials=total, base=base, point_overrides=point_overrides,
-                       seeds=seeds, recheck_seeds=recheck_seeds)
+                       seeds=seeds, recheck_seeds=recheck_seeds, enqueue=enqueue)
 
 
 def check_seeds(tune: TuneConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -242,13 +246,15 @@ def check_sampler(tune: TuneConfig, space: SearchSpace) -> None:
 
 def study_identity(env: str, space: SearchSpace, objective: Objective,
                    point_overrides: Sequence[str], seeds: Sequence[int] = (),
-                   aggregate: str = "median") -> str:
+                   aggregate: str = "median", enqueue: Sequence[Mapping[str, Any]] = ()) -> str:
     """``<env>-<objective>-<8 hex>``: the same request gives the same study (resumable); a
-    study over seeds is another study than one over a single seed."""
+    study over seeds, or one that starts from enqueued trials, is another study."""
     identity: dict[str, object] = {"space": space.as_dict(), "objective": objective.as_dict(),
                                    "overrides": list(point_overrides)}
     if seeds:
         identity.update(seeds=list(seeds), aggregate=aggregate)
+    if enqueue:
+        identity.update(enqueue=[dict(values) for values in enqueue])
     payload = json.dumps(identity, sort_keys=True)
     digest = hashlib.sha256(payload.encode()).hexdigest()[:8]
     return f"{env}-{objective.name.replace('_', '-')}-{digest}"

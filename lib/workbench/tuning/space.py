@@ -29,7 +29,8 @@ KEYS: dict[str, tuple[str, ...]] = {
     "num_envs": ("env.num_envs",),
     "batch_size": ("algo.batch_size",),
     "n_epochs": ("algo.n_epochs",),
-    "gamma": ("algo.gamma",),
+    # VecNormalize's return discount follows the algorithm's, as rl-baselines3-zoo sets it
+    "gamma": ("algo.gamma", "env.norm_gamma"),
     "gae_lambda": ("algo.gae_lambda",),
     "ent_coef": ("algo.ent_coef",),
     "clip_range": ("algo.clip_range",),
@@ -130,6 +131,28 @@ class SearchSpace:
     def describe(self) -> str:
         """``learning_rate [1e-05, 0.001] log, n_steps {64, 128}``."""
         return ", ".join(f"{d.name} {d.describe()}" for d in self.dimensions)
+
+    def fixed_values(self, values: Mapping[str, Any], where: str) -> dict[str, Any]:
+        """``values`` (search key -> value, e.g. a trial to enqueue) checked against the
+        space: each key one of its dimensions, each value one of its choices or within its
+        range; bad input is one :class:`ConfigError` line naming ``where``."""
+        if not isinstance(values, Mapping) or not values:
+            raise ConfigError(f"{where}={values!r}: give search keys and values, e.g. "
+                              "{learning_rate: 3e-4, n_steps: 512}")
+        checked: dict[str, Any] = {}
+        for name, value in values.items():
+            if name not in self.names:
+                raise ConfigError(f"{where}.{name}: not in search={self.name}; its keys: "
+                                  f"{', '.join(self.names)}")
+            dim = self[name]
+            if dim.kind == "categorical":
+                if value not in dim.choices:
+                    raise ConfigError(f"{where}.{name}={value!r}: not one of {dim.describe()}")
+            elif isinstance(value, bool) or not isinstance(value, int | float) or not (
+                    (dim.low or 0.0) <= value <= (dim.high or 0.0)):
+                raise ConfigError(f"{where}.{name}={value!r}: outside {dim.describe()}")
+            checked[name] = int(value) if dim.kind == "int" else value
+        return checked
 
     def as_dict(self) -> dict[str, Any]:
         """The space as plain values (the study's record of what it searches)."""

@@ -271,6 +271,8 @@ def open_study(plan: TunePlan, storage: Any) -> Any:
             f"tune.study={plan.study}: this study's trials train on seeds {seeds or 'seed'}, "
             f"not {list(plan.seeds) or 'seed'}; keep its tune.seeds or choose another "
             "tune.study")
+    for values in plan.enqueue:  # once: a resumed study finds them already there
+        study.enqueue_trial(values, skip_if_exists=True)
     study.set_user_attr(OBJECTIVE_ATTR, plan.objective.as_dict())
     study.set_user_attr(SEEDS_ATTR, list(plan.seeds))
     study.set_user_attr(PRUNER_ATTR, pruner_settings(plan.settings))
