@@ -22,16 +22,17 @@ from dataclasses import replace
 
 import numpy as np
 import torch
+from stable_baselines3.common.vec_env import VecEnv
 from workbench.config import load_config
 from workbench.envs import envpool_vec
 from workbench.envs.backends import build_backend
 from workbench.envs.spec import EnvSpec
 
 
-def policy_for(venv: object) -> torch.nn.Module:
+def policy_for(venv: VecEnv) -> torch.nn.Module:
     """The default policy's actor shape: two hidden layers of 256, tanh."""
-    obs_dim = venv.observation_space.shape[0]  # type: ignore[attr-defined]
-    act_dim = venv.action_space.shape[0]  # type: ignore[attr-defined]
+    obs_dim = int(np.prod(venv.observation_space.shape or (1,)))
+    act_dim = int(np.prod(venv.action_space.shape or (1,)))
     return torch.nn.Sequential(torch.nn.Linear(obs_dim, 256), torch.nn.Tanh(),
                                torch.nn.Linear(256, 256), torch.nn.Tanh(),
                                torch.nn.Linear(256, act_dim))

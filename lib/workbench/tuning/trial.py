@@ -53,7 +53,13 @@ class ClockReporter:
     def progress(self, train_s: float, steps: int, mean_return: float | None) -> str:
         if mean_return is not None:
             self.curve.append(Evaluation(train_s, steps, mean_return))
+        if self.pruned(train_s, steps):
+            return PRUNE
         return STOP if self.objective.settled(self.curve) else CONTINUE
+
+    def pruned(self, train_s: float, steps: int) -> bool:
+        """Report what is due and say whether the trial is pruned: nothing to report here."""
+        return False
 
 
 class OptunaReporter(ClockReporter):
@@ -65,9 +71,7 @@ class OptunaReporter(ClockReporter):
         self.trial = trial
         self.done = 0  # the last report made
 
-    def progress(self, train_s: float, steps: int, mean_return: float | None) -> str:
-        if mean_return is not None:
-            self.curve.append(Evaluation(train_s, steps, mean_return))
+    def pruned(self, train_s: float, steps: int) -> bool:
         for k, value in self.objective.reports(self.curve, train_s, self.done):
             self.trial.report(value, k)
             self.done = k
@@ -75,8 +79,8 @@ class OptunaReporter(ClockReporter):
                 self.trial.set_user_attr(PRUNED_AT, {"report": k, "value": value,
                                                      "train_s": round(train_s, 3),
                                                      "steps": steps})
-                return PRUNE
-        return STOP if self.objective.settled(self.curve) else CONTINUE
+                return True
+        return False
 
 
 def study_storage(study_name: str, what: str) -> Any:
