@@ -49,10 +49,14 @@ def test_a_studys_chosen_trial_becomes_the_tasks_tuning_file(
     assert "#   workbench tune --n-trials 8 env=swimmer search=ppo_suite " in "\n".join(header)
     assert "tune.seeds=[0,1,2]" in "\n".join(header)
     assert "#   re-checked: better than the defaults: PoI 0.91" in header
-    # composed from a tuning folder the way conf/tuning/ is (the user config directory)
-    monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(tmp_path))
-    (tmp_path / "conf" / "tuning").mkdir(parents=True)
+    # written over the shipped file, as --write-tuning does, in a copy of conf/
+    import importlib
+    import shutil
+
+    compose_module = importlib.import_module("workbench.config.compose")  # the function shadows it
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
     (tmp_path / "conf" / "tuning" / "ppo_swimmer.yaml").write_text(text)
+    monkeypatch.setattr(compose_module, "conf_dir", lambda: tmp_path / "conf")
     tuned = load_config(["env=swimmer"])
     assert (tuned.env.num_envs, tuned.algo.n_steps, tuned.algo.gamma) == (4, 1024, 0.9999)
     assert tuned.algo.policy.log_std_init == -1.5 and tuned.algo.name == "ppo"
