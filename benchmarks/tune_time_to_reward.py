@@ -152,9 +152,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--study-override", nargs="+", default=[], metavar="OVERRIDE",
                         help="more overrides of the study, e.g. tune.eval_every_steps=20480 "
                              "tune.recheck_top=1")
+    parser.add_argument("--rerun-only", nargs="+", default=["workbench", "zoo", "tuned"],
+                        choices=["workbench", "zoo", "tuned"], metavar="CONTESTANT",
+                        help="the re-run's contestants (default all three; drop `workbench`, "
+                             "the shipped defaults, where they are measured already)")
     parser.add_argument("--write-tuning", action="store_true",
                         help="write the chosen trial as conf/tuning/ppo_<task>.yaml")
     args = parser.parse_args(argv)
+    if "tuned" not in args.rerun_only:
+        parser.error("--rerun-only: keep `tuned`, the study's chosen trial, in the re-run")
     if args.write_tuning and len(args.trial_seeds) < 2:
         parser.error("--write-tuning needs --trial-seeds with 2 or more seeds: per-task "
                      "values are written only with a verdict on fresh seeds")
@@ -176,9 +182,9 @@ def main() -> None:
     data = time_to_reward.main([
         "--tasks", args.task, "--seeds", *map(str, args.seeds), "--thresholds",
         str(args.target), "--budget-s", str(args.rerun_budget_s),
-        "--contestant", f"tuned={tuned}", "--only", "workbench", "zoo", "tuned"])
+        "--contestant", f"tuned={tuned}", "--only", *args.rerun_only])
     medians = data["summary"][args.task]["median_s"]
-    for base in ("workbench", "zoo"):
+    for base in [c for c in ("workbench", "zoo") if c in args.rerun_only]:
         t, b = medians["tuned"][0], medians[base][0]
         shown = f"{t / b:.2f}" if b != float("inf") and t != float("inf") else (
             f"< {t / args.rerun_budget_s:.2f} ({base} not reached)" if t != float("inf")
