@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import shutil
 import sys
 from pathlib import Path
 
@@ -50,9 +52,6 @@ def test_a_studys_chosen_trial_becomes_the_tasks_tuning_file(
     assert "tune.seeds=[0,1,2]" in "\n".join(header)
     assert "#   re-checked: better than the defaults: PoI 0.91" in header
     # written over the shipped file, as --write-tuning does, in a copy of conf/
-    import importlib
-    import shutil
-
     compose_module = importlib.import_module("workbench.config.compose")  # the function shadows it
     shutil.copytree(ROOT / "conf", tmp_path / "conf")
     (tmp_path / "conf" / "tuning" / "ppo_swimmer.yaml").write_text(text)
