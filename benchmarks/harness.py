@@ -214,9 +214,9 @@ class Child:
 
 
 def run_child(command: Sequence[str], env: dict[str, str] | None = None,
-              timeout_s: float | None = None) -> dict[str, Any]:
+              timeout_s: float | None = None, core: int | None = None) -> dict[str, Any]:
     """Run one measured process to its end (see :class:`Child`)."""
-    return Child(command, env, timeout_s).finish()
+    return Child(command, env, timeout_s, core=core).finish()
 
 
 # Concurrent pairs. On a shared machine the speed drifts by +-20 % within minutes, more than
@@ -246,17 +246,25 @@ def wait_for_go(go_file: str | None) -> None:
 
 
 def run_pair(commands: Mapping[str, Sequence[str]], env: dict[str, str] | None, rep: int,
-             concurrent: bool, timeout_s: float | None = None, bare_sides: Sequence[str] = ("bare",)
+             concurrent: bool, timeout_s: float | None = None,
+             bare_sides: Sequence[str] = ("bare",), pin: int | None = None
              ) -> dict[str, dict[str, Any]]:
     """One repetition of ``{"bare": ..., "workbench": ...}``: one after the other in
     alternating order (bare first in even repetitions), or at the same time on two cores.
+
+    ``pin`` (one after the other only) runs both sides on that one core with a one-core
+    budget: nothing of the other side, and no second core for either side's background
+    threads, so a side's every extra CPU second shows in its wall time. On an idle machine
+    this is the quietest of the three methods.
 
     ``bare_sides`` take ``--go-file`` (:func:`wait_for_go`); the others are ``workbench train``
     commands, ready once they printed their run header. A control run (two identical bare
     programs, to see the resolution of the method) names both sides here."""
     if not concurrent:
         order = ("bare", "workbench") if rep % 2 == 0 else ("workbench", "bare")
-        return {name: run_child(commands[name], env, timeout_s) for name in order}
+        if pin is not None:
+            env = {**(env or {}), "WORKBENCH_CPU_BUDGET": "1"}
+        return {name: run_child(commands[name], env, timeout_s, core=pin) for name in order}
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("--concurrent needs two cores (one per side)")
     go_file = Path(tempfile.mkdtemp(prefix="wb-go-")) / "go"

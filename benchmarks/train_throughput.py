@@ -18,6 +18,8 @@ time, the learner's peak RSS and the largest worker's (``subproc``).
     python benchmarks/train_throughput.py --quick
     python benchmarks/train_throughput.py --concurrent --configs default --reps 4
                                           # both sides at once, one core each (less drift)
+    python benchmarks/train_throughput.py --pin 0 --configs default --backends envpool
+                                          # one after the other on one core (the quietest)
     python benchmarks/train_throughput.py --device cuda       # GPU servers: update share on GPU
 """
 
@@ -103,7 +105,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 overrides = [*CONFIGS[name], f"env.vec_env={backend}", f"device={args.device}"]
                 # alternating order or both at once: drift favours neither side
                 measured = harness.run_pair(commands(overrides, args.steps), env, rep,
-                                            args.concurrent, timeout_s=3600)
+                                            args.concurrent, timeout_s=3600, pin=args.pin)
                 pair = {kind: {"config": name, "backend": backend, "kind": kind, "rep": rep,
                                **result_of(kind, proc, uri)} for kind, proc in measured.items()}
                 rows.extend(pair.values())
@@ -154,13 +156,21 @@ def summarize(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
                               r_train if kind == "workbench" else float("nan")])
     harness.print_table(
         f"R_train = workbench steps/s / bare SB3 steps/s ({args.steps} steps, medians of "
-        f"{args.reps} {'concurrent' if args.concurrent else 'interleaved'} repetitions, "
+        f"{args.reps} {method(args)}, "
         f"device {args.device})",
         ["config", "backend", "kind", "threads", "steps/s", "update share", "peak RSS MiB",
          "worker RSS MiB", "R_train"], table)
     worst = min(v["r_train"] for v in summary.values())
     print(f"  lowest R_train: {worst:.3f} (target >= 0.98)")
     return {"per_config": summary, "lowest_r_train": worst}
+
+
+def method(args: argparse.Namespace) -> str:
+    """How the two sides shared the machine, for the table's title."""
+    if args.concurrent:
+        return "concurrent repetitions"
+    where = f" on core {args.pin} alone" if args.pin is not None else ""
+    return f"interleaved repetitions{where}"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -177,9 +187,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--concurrent", action="store_true",
                         help="run bare and workbench at the same time, one core each (swapped "
                              "every repetition; each gets 1 core's budget)")
+    parser.add_argument("--pin", type=int, metavar="CORE",
+                        help="one after the other, both on this one core with a one-core "
+                             "budget (background threads included: the quietest method)")
     parser.add_argument("--bare", help=argparse.SUPPRESS)
     parser.add_argument("--go-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.pin is not None and (args.concurrent or args.pin not in os.sched_getaffinity(0)):
+        parser.error(f"--pin {args.pin}: needs a core this process may use "
+                     f"({sorted(os.sched_getaffinity(0))}) and no --concurrent")
     if args.bare:
         bare_child(json.loads(args.bare), args.steps, args.go_file)
         return {}

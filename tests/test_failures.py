@@ -283,3 +283,28 @@ def test_outbox_keeps_what_the_store_refused_and_sync_delivers_it_once(
     # A replay (a write delivered, its acknowledgement lost in a kill) changes nothing.
     journal.apply(client, run_id, journal.encode_batch(metrics, [], []), journal.Journal(folder))
     assert len(client.get_metric_history(run_id, "loss")) == 2
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_nonfinite_policy_parameter_is_named(bad: float) -> None:
+    """The one-pass scan (a float64 sum) finds a single bad element; the error names its
+    parameter. A stand-in model: the check reads only ``policy`` and ``_n_updates``."""
+    import torch
+    from stable_baselines3.common.logger import Logger
+    from workbench.training.faults import UpdateCheck, parameter_sum
+
+    policy = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    model = type("Model", (), {"policy": policy, "_n_updates": 1, "num_timesteps": 512})()
+    check = UpdateCheck()
+    check.init_callback(model)  # type: ignore[arg-type]
+    check.model.logger = Logger(folder=None, output_formats=[])
+    check.check()  # finite: passes
+    with torch.no_grad():
+        policy[1].bias[0] = bad
+    model._n_updates = 2
+    with pytest.raises(guards.NonFiniteError, match=r"^non-finite policy parameter 1\.bias "
+                                                    r"after the update at step"):
+        check.check()
+    # finite float32 extremes cannot overflow the float64 sum: no false alarm
+    huge = torch.full((1000,), torch.finfo(torch.float32).max)
+    assert np.isfinite(parameter_sum([huge, huge]))

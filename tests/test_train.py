@@ -276,6 +276,34 @@ def test_peak_memory_is_the_process_trees(store: Path, backend: str) -> None:
         assert peak > own  # the workers' resident memory is part of the tree's
 
 
+BUSY_WORKER = """
+import time
+start = time.process_time()
+while time.process_time() - start < 0.3:
+    pass
+print("spent", flush=True)
+time.sleep(120)
+"""
+
+
+def test_the_process_tree_counts_its_workers_cpu() -> None:
+    """time/rollout_cpu_s and time/update_cpu_s include subprocess env workers: a child's CPU
+    seconds are in the tree's, though its list of children is kept between reads."""
+    from workbench.training.callbacks import ProcessTree
+
+    worker = subprocess.Popen([sys.executable, "-c", BUSY_WORKER], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        tree = ProcessTree(refresh_s=3600.0)
+        tree.cpu_seconds()  # lists the worker
+        assert worker.stdout is not None and worker.stdout.readline().strip() == "spent"
+        own = psutil.Process().cpu_times()
+        assert tree.cpu_seconds() - (own.user + own.system) >= 0.25
+    finally:
+        worker.kill()
+        worker.wait()
+
+
 def test_a_run_leaves_the_process_tracking_uri_alone(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The system-metrics sampler gets the run's store directly: ``mlflow.set_tracking_uri``

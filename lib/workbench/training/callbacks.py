@@ -56,6 +56,7 @@ class IterationCallback(BaseCallback):
         self.rollout_started = 0.0
         self.rollout_ended: float | None = None
         self.cpu_mark = 0.0  # tree CPU seconds at the last rollout start or end
+        self.tree = ProcessTree()
 
     def _on_training_start(self) -> None:
         # A resumed run starts at its checkpoint's num_timesteps: the evaluations due up to
@@ -64,7 +65,7 @@ class IterationCallback(BaseCallback):
             self.next_eval += self.every_steps
 
     def _on_rollout_start(self) -> None:
-        now, cpu = time.perf_counter(), tree_cpu_seconds()
+        now, cpu = time.perf_counter(), self.tree.cpu_seconds()
         if self.rollout_ended is not None:
             self.logger.record("time/update_cpu_s", cpu - self.cpu_mark)
         self._record_update(now)
@@ -74,15 +75,15 @@ class IterationCallback(BaseCallback):
         return True
 
     def _on_rollout_end(self) -> None:
-        now, cpu = time.perf_counter(), tree_cpu_seconds()
+        now, cpu = time.perf_counter(), self.tree.cpu_seconds()
         self.logger.record("time/rollout_s", now - self.rollout_started)
         self.logger.record("time/rollout_cpu_s", cpu - self.cpu_mark)
         self._evaluate_if_due(now)
-        self.rollout_ended, self.cpu_mark = time.perf_counter(), tree_cpu_seconds()
+        self.rollout_ended, self.cpu_mark = time.perf_counter(), self.tree.cpu_seconds()
 
     def _on_training_end(self) -> None:
         if self.rollout_ended is not None:
-            self.logger.record("time/update_cpu_s", tree_cpu_seconds() - self.cpu_mark)
+            self.logger.record("time/update_cpu_s", self.tree.cpu_seconds() - self.cpu_mark)
         self._record_update(time.perf_counter())
         self.logger.dump(self.num_timesteps)
 
@@ -296,14 +297,15 @@ def reward_component_callbacks(venv: VecEnv) -> list[BaseCallback]:
 class MemoryPeak(BaseCallback):
     """Peak resident memory of the training process tree: this process and its env workers.
 
-    The tree's RSS (psutil) is sampled at rollout ends, at most every ``every_s`` seconds, and
-    at training end; this process's own peak is the kernel's (``VmHWM``), so a
-    short spike between samples is not missed where it matters most. (The peaks of reaped
+    The tree's PSS (psutil) is sampled at rollout ends, at most every ``every_s`` seconds (one
+    sample reads every memory mapping, ~10 ms for a torch process), and at training end;
+    this process's own peak is the kernel's (``VmHWM``), so a short spike between samples is
+    not missed where it matters most. (The peaks of reaped
     children are not added: ``RUSAGE_CHILDREN`` is the largest child ever, not a sum, and
     counts helpers that ended long before training.)
     """
 
-    def __init__(self, every_s: float = 1.0) -> None:
+    def __init__(self, every_s: float = 5.0) -> None:
         super().__init__()
         self.every_s = every_s
         self.peak_bytes = 0
@@ -349,15 +351,33 @@ def own_peak_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
-def tree_cpu_seconds() -> float:
-    """User + system CPU seconds of this process and its live descendants (env workers)."""
-    me = psutil.Process()
-    total = 0.0
-    for process in (me, *me.children(recursive=True)):
-        with contextlib.suppress(psutil.Error):  # a child that just exited
-            times = process.cpu_times()
-            total += times.user + times.system
-    return total
+class ProcessTree:
+    """This process and its live descendants (env workers), for their CPU seconds.
+
+    Listing descendants reads every process's ``/proc`` entry, a millisecond or more on a busy
+    machine, too much for three reads per iteration on one core (a few per cent of a fast
+    configuration's training); the list is therefore refreshed at most every ``refresh_s``
+    seconds. Env workers live as long as the training, so a stale list rarely misses one.
+    """
+
+    def __init__(self, refresh_s: float = 5.0) -> None:
+        self.refresh_s = refresh_s
+        self.me = psutil.Process()
+        self.children: list[psutil.Process] = []
+        self.listed_at = -math.inf
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds of this process and its descendants now."""
+        if time.monotonic() - self.listed_at >= self.refresh_s:
+            with contextlib.suppress(psutil.Error):
+                self.children = self.me.children(recursive=True)
+            self.listed_at = time.monotonic()
+        total = 0.0
+        for process in (self.me, *self.children):
+            with contextlib.suppress(psutil.Error):  # a child that just exited
+                times = process.cpu_times()
+                total += times.user + times.system
+        return total
 
 
 def tree_rss_bytes() -> int:

@@ -293,9 +293,8 @@ def eval_env_state(eval_env: VecEnv | None) -> dict[str, Any] | None:
     """The evaluation env's reset RNG and its not-yet-used seeds (first evaluation)."""
     if eval_env is None:
         return None
-    states = eval_env.env_method("workbench_capture")
     seeds = list(getattr(eval_env.unwrapped, "_seeds", []))
-    return {"rng": [s["rng"] for s in states], "pending_seeds": seeds}
+    return {"rng": eval_env.env_method("workbench_rng"), "pending_seeds": seeds}
 
 
 def set_eval_env_state(eval_env: VecEnv | None, state: dict[str, Any] | None) -> None:
