@@ -300,9 +300,9 @@ class MemoryPeak(BaseCallback):
     The tree's PSS (psutil) is sampled at rollout ends, at most every ``every_s`` seconds (one
     sample reads every memory mapping, ~10 ms for a torch process), and at training end;
     this process's own peak is the kernel's (``VmHWM``), so a short spike between samples is
-    not missed where it matters most. (The peaks of reaped
-    children are not added: ``RUSAGE_CHILDREN`` is the largest child ever, not a sum, and
-    counts helpers that ended long before training.)
+    not missed where it matters most. (The peaks of reaped children are not added:
+    ``RUSAGE_CHILDREN`` is the largest child ever, not a sum, and counts helpers that ended
+    long before training.)
     """
 
     def __init__(self, every_s: float = 5.0) -> None:
