@@ -421,7 +421,8 @@ def next_seed(plan: TunePlan, client: MlflowClient, ticket: Ticket, outcome: Poi
     ticket.scores.append(value)
     ticket.run_ids.append(outcome.run_id)
     with contextlib.suppress(Exception):  # a run deleted meanwhile: the study still knows
-        client.set_tag(outcome.run_id, "tune.seed_value", f"{value:.6g}")
+        # repr keeps every digit: the trial's value is recomputable from its runs' tags
+        client.set_tag(outcome.run_id, "tune.seed_value", repr(float(value)))
     if not math.isfinite(value):
         return None
     step = len(ticket.scores) - 1
