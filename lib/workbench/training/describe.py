@@ -20,11 +20,11 @@ from workbench.tracking.store import source_tags
 
 # Tasks whose shipped defaults were measured (docs/benchmarks.md): side by side with
 # rl-baselines3-zoo's tuned PPO on HalfCheetah (where the `ppo` defaults were chosen), Hopper
-# and Swimmer (each with its conf/tuning/ppo_<task>.yaml), InvertedDoublePendulum and Reacher
-# (untuned); on InvertedPendulum as notebooks/train.ipynb runs them by default. Every other
+# and Swimmer (each with its conf/tuning/ppo_<task>.yaml), InvertedDoublePendulum, Reacher and
+# Ant (untuned); on InvertedPendulum as notebooks/train.ipynb runs them by default. Every other
 # task runs them untested, and the header says so.
 MEASURED_TASKS = ("halfcheetah", "hopper", "swimmer", "inverted_double_pendulum", "reacher",
-                  "inverted_pendulum")
+                  "ant", "inverted_pendulum")
 
 
 def untested_defaults_note(cfg: WorkbenchConfig) -> str | None:
