@@ -101,7 +101,9 @@ class TreeSampler(threading.Thread):
         self.pid = pid
         self.interval_s = interval_s
         self.peaks: dict[int, float] = {}
-        self.root_hwm_mb = 0.0
+        # read once now, from the starting thread: a brief child can exit before the
+        # thread's first sample, and its ru_maxrss alone would be its parent's peak
+        self.root_hwm_mb = vm_hwm_mb(pid)
         self.stopped = threading.Event()
 
     def run(self) -> None:
