@@ -57,6 +57,7 @@ def best_config_text(study: str, objective: Objective, number: int, value: float
         f"#   objective {objective.describe()}, {objective.direction}: trial {number} scored "
         f"{value:.4g} {UNITS[objective.name]}" + (f" over seeds {seeds}" if seeds else "")
         + (f" (MLflow run {run_id})" if run_id else ""),
+        *([f"#   {unreached}"] if (unreached := objective.unreached_note(value)) else []),
         f"#   sampled: {sampled_text}",
         *([f"#   re-checked: {verdict}"] if verdict else []),
         f"# Train it: workbench train experiment=tuned/{study}  (docs/tuning.md). The algo",

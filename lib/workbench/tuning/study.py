@@ -733,6 +733,9 @@ def print_results(result: TuneResult, plan: TunePlan) -> None:
         print(f"best trial {b['number']}: {b['value']:.4g} {UNITS[plan.objective.name]} "
               f"(run {b['run_id']}) " + ", ".join(f"{k}={format_value(v)}"
                                                    for k, v in b["params"].items()))
+        unreached = plan.objective.unreached_note(b["value"])
+        if unreached:
+            print(f"  {unreached}")
     if result.recheck:
         print(f"re-check           : trial {result.recheck.trial} is "
               f"{result.recheck.verdict}")
