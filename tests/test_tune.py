@@ -98,8 +98,8 @@ def test_time_to_target_ranks_unreached_trials_by_their_shortfall() -> None:
     # A value over the budget says so, with the best return behind it (score's inverse).
     assert objective.unreached_note(15.0) is None and objective.unreached_note(60.0) is None
     assert objective.unreached_note(84.0) == (
-        "target 100 not reached within 60 s: a value over the budget ranks by the best "
-        "evaluation's return, here 60")
+        "84 is over the 60 s budget: target 100 not reached (over seeds: by their aggregate); "
+        "it stands for a best evaluation's return of 60")
     assert Objective("auc", budget_s=60.0).unreached_note(84.0) is None
 
 
@@ -111,8 +111,8 @@ def test_a_best_trial_that_never_reached_the_target_says_so() -> None:
     objective = Objective("time_to_target", target=2000.0, budget_s=160.0)
     cfg = load_config(["env=walker2d"])
     unreached = best_config_text("s", objective, 9, 238.8, None, cfg, {"n_epochs": 16})
-    assert "#   target 2000 not reached within 160 s: a value over the budget ranks by the " \
-        "best evaluation's return, here 1015\n" in unreached
+    assert "#   238.8 is over the 160 s budget: target 2000 not reached (over seeds: by their " \
+        "aggregate); it stands for a best evaluation's return of 1015\n" in unreached
     assert "not reached" not in best_config_text("s", objective, 9, 61.0, None, cfg, {})
 
 

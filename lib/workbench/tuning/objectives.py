@@ -108,15 +108,17 @@ class Objective:
         """What a ``time_to_target`` value over the budget means, or None for any other value.
 
         Such a trial never reached the target, and the value is ``score``'s shortfall formula;
-        inverted, it gives the best evaluation's return behind it (in a study over seeds, that
-        of the seed the aggregate picked), so a reader sees how far from the target it stayed.
+        inverted, it gives the best evaluation's return behind it, so a reader sees how far from
+        the target it stayed. Over seeds the value is their aggregate (a mean may mix seeds that
+        reached with seeds that did not), and so is the return it stands for.
         """
         if self.name != "time_to_target" or not math.isfinite(value) or value <= self.budget():
             return None
         target = self.target_value()
         best = target - (value / self.budget() - 1.0) * max(abs(target), 1.0)
-        return (f"target {target:g} not reached within {self.budget():g} s: a value over the "
-                f"budget ranks by the best evaluation's return, here {best:.4g}")
+        return (f"{value:.4g} is over the {self.budget():g} s budget: target {target:g} not "
+                f"reached (over seeds: by their aggregate); it stands for a best evaluation's "
+                f"return of {best:.4g}")
 
     def settled(self, curve: Sequence[Evaluation]) -> bool:
         """True once more training cannot change the value (the target is reached)."""
