@@ -311,6 +311,43 @@ def test_the_process_tree_counts_its_workers_cpu() -> None:
         worker.wait()
 
 
+def test_callbacks_that_skip_sb3s_per_step_locals_copy_see_the_same_locals() -> None:
+    """In a callback list a LocalsFreeCallback's ``locals`` are the list's, updated every step
+    as an ordinary callback's are; no workbench callback that skips the copy reads
+    ``self.locals`` itself (alone, it would read stale values)."""
+    import inspect
+
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from workbench.training import callbacks, checkpoint, faults, progress, video
+    from workbench.training.callbacks import LocalsFreeCallback
+
+    class Seen(BaseCallback):
+        def _on_step(self) -> bool:
+            self.saw.append((self.locals["n_steps"], id(self.locals["infos"])))
+            return True
+
+    class Lean(LocalsFreeCallback):
+        def _on_step(self) -> bool:
+            self.saw.append((self.locals["n_steps"], id(self.locals["infos"])))
+            return True
+
+    seen, lean = Seen(), Lean()
+    seen.saw, lean.saw = [], []
+    PPO("MlpPolicy", "Pendulum-v1", n_steps=8, batch_size=8, n_epochs=1, seed=0,
+        device="cpu").learn(8, callback=[seen, lean])
+    assert lean.saw == seen.saw and [n for n, _ in lean.saw] == list(range(8))  # never stale
+    lean_classes = [cls for module in (callbacks, checkpoint, faults, progress, video)
+                    for _, cls in inspect.getmembers(module, inspect.isclass)
+                    if issubclass(cls, LocalsFreeCallback) and cls is not LocalsFreeCallback
+                    and cls.__module__ == module.__name__]
+    assert len(lean_classes) >= 7
+    for cls in lean_classes:
+        assert "self.locals" not in inspect.getsource(cls), cls.__name__
+    assert "self.locals" in inspect.getsource(callbacks.RewardComponentsCallback)
+    assert not issubclass(callbacks.RewardComponentsCallback, LocalsFreeCallback)
+
+
 def test_a_run_leaves_the_process_tracking_uri_alone(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The system-metrics sampler gets the run's store directly: ``mlflow.set_tracking_uri``

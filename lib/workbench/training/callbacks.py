@@ -26,7 +26,22 @@ from stable_baselines3.common.vec_env import VecEnv, sync_envs_normalization
 from workbench.tracking.metric_keys import PROCESS_MEMORY_KEY
 
 
-class IterationCallback(BaseCallback):
+class LocalsFreeCallback(BaseCallback):
+    """A callback without children that never reads ``self.locals`` itself.
+
+    After every environment step SB3 hands the rollout loop's local variables to the callback
+    list, which copies them into its ``locals`` dict and then into every child's. In a
+    ``CallbackList`` (how SB3 runs a list of callbacks) the children's dict *is* the list's, so
+    each child's copy re-writes that dict with its own contents: ~1 µs per callback per step
+    for nothing (docs/benchmarks.md#the-workbenchs-own-cost). Such a callback skips it; in a
+    list its ``locals`` stay exactly SB3's, and alone it never reads them.
+    """
+
+    def update_locals(self, locals_: dict[str, Any]) -> None:
+        """Skip the per-step copy (see the class)."""
+
+
+class IterationCallback(LocalsFreeCallback):
     """Per-iteration additions: ``time/rollout_s``, ``time/update_s``, ``time/eval_s``, their
     CPU-time counterparts ``time/rollout_cpu_s``, ``time/update_cpu_s`` (CPU seconds of the
     process tree: what the run itself spent, whatever else the machine runs),
@@ -294,7 +309,7 @@ def reward_component_callbacks(venv: VecEnv) -> list[BaseCallback]:
     return [RewardComponentsCallback(names)] if names else []
 
 
-class MemoryPeak(BaseCallback):
+class MemoryPeak(LocalsFreeCallback):
     """Peak resident memory of the training process tree: this process and its env workers.
 
     The tree's PSS (psutil) is sampled at rollout ends, at most every ``every_s`` seconds (one
@@ -430,7 +445,7 @@ class TrialReporter(Protocol):
         ...
 
 
-class TrialCallback(BaseCallback):
+class TrialCallback(LocalsFreeCallback):
     """Training as one trial of a study: its own clock, its budget, its reports.
 
     The clock counts training only: the time of the evaluations ``IterationCallback`` makes

@@ -50,7 +50,6 @@ import numpy as np
 import torch
 from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
-from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import VecEnv
 
 from workbench.config import WorkbenchConfig
@@ -69,7 +68,7 @@ from workbench.tracking.logged_models import (
     now_ms,
 )
 from workbench.tracking.outbox import DeliveryClient
-from workbench.training.callbacks import evaluate_version, recall
+from workbench.training.callbacks import LocalsFreeCallback, evaluate_version, recall
 from workbench.training.faults import Interruption
 from workbench.training.model import build_model
 from workbench.training.snapshot import capture, is_restorable, materialize
@@ -424,7 +423,7 @@ def stored_evaluations(client: MlflowClient, run_id: str, steps: Sequence[int]
 # --------------------------------------------------------------------------- the callback
 
 
-class RecoveryCallback(BaseCallback):
+class RecoveryCallback(LocalsFreeCallback):
     """What a run needs to survive its process: snapshots, checkpoints, heartbeat, stop.
 
     - At every iteration boundary (off-policy: every ``capture_every`` steps and when a

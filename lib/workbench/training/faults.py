@@ -25,10 +25,10 @@ from types import FrameType
 from typing import Any
 
 import torch
-from stable_baselines3.common.callbacks import BaseCallback
 
 from workbench.console import in_jupyter_kernel
 from workbench.envs.guards import NonFiniteError
+from workbench.training.callbacks import LocalsFreeCallback
 
 # Loss and diagnostic keys SB3's PPO records after each update.
 UPDATE_KEYS = (
@@ -167,7 +167,7 @@ def interrupt_reason(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- updates
 
 
-class UpdateCheck(BaseCallback):
+class UpdateCheck(LocalsFreeCallback):
     """Stops training when an update produced non-finite losses or parameters.
 
     SB3 records the update's losses in the logger; they are read before the next rollout

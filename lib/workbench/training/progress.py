@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import KVWriter
 from tqdm.auto import tqdm
 
 from workbench import console
 from workbench.console import format_value
 from workbench.tracking.writer import LATE_PREFIXES
+from workbench.training.callbacks import LocalsFreeCallback
 
 # (logger key, label, format) of the per-iteration line.
 LINE_FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -80,7 +80,7 @@ class ConsoleWriter(KVWriter):
             self.pending = None
 
 
-class ProgressBarCallback(BaseCallback):
+class ProgressBarCallback(LocalsFreeCallback):
     """A tqdm bar over environment steps in a terminal or JupyterLab; with output redirected,
     a line every minute (:func:`workbench.console.progress`)."""
 

@@ -33,6 +33,7 @@ from workbench.envs.video import (
     record_vec,
     rendering_env,
 )
+from workbench.training.callbacks import LocalsFreeCallback
 
 ARTIFACT_DIR = "video"
 FINAL_STEM = "replay"  # video/replay.mp4, the zoo's name for a policy's replay video
@@ -135,7 +136,7 @@ def recorded(files: VideoFiles, episode_return: float, cut: bool = False) -> Rec
         fps=files.fps, episode_return=episode_return, cut=cut)
 
 
-class VideoCallback(BaseCallback):
+class VideoCallback(LocalsFreeCallback):
     """``video/step-<N>.mp4`` every ``every_steps`` env steps, recorded between rollout and
     dump like the periodic evaluation; ``video/render_seconds`` goes into that iteration's
     log. None is made once the budget is reached: the final video covers it."""
