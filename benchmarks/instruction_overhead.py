@@ -10,7 +10,9 @@ instructions per iteration of each side and their ratio (the wall-time target is
 Under valgrind a program runs ~50-100x slower while timers keep real time, so work done every
 N seconds happens ~100x more often per iteration than in a normal run: the progress bar's
 redraws (10 per second), MLflow's system-metrics sampler (every 10 s) and the run heartbeat
-(every 10 s). The first two are switched off by default (``--workbench-overrides`` to change);
+(every 10 s). The first two are switched off by default (``--workbench-overrides`` to change),
+and so is the final video: its length follows the training time (``video.max_share``), so the
+longer run would also render a longer video and the difference would not be iterations alone;
 the heartbeat is switched off here (its interval set to infinity in the measured process: it
 has no setting) and costs natively one tag write per 10 s, ~13 ms of CPU, i.e. ~0.1 %.
 Takes ~25 minutes on 2 cores.
@@ -36,7 +38,7 @@ import harness  # noqa: E402
 from tracking_overhead import add_config_arguments, commands_for  # noqa: E402
 
 QUIET = ["console.progress_bar=false", "console.iteration_lines=false",
-         "tracking.system_metrics=false"]
+         "tracking.system_metrics=false", "video=off"]
 # ``python -m workbench`` with the run heartbeat's timer switched off (see above).
 NO_HEARTBEAT = ("import sys, workbench.tracking.runs as runs; "
                 "runs.HEARTBEAT_INTERVAL_S = float('inf'); "
