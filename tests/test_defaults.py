@@ -22,9 +22,15 @@ SCHEMA_DEFAULTS = config.flatten(OmegaConf.to_container(
     OmegaConf.structured(config.WorkbenchConfig), enum_to_str=True))
 
 
+def flat_config(cfg: config.WorkbenchConfig) -> dict[str, Any]:
+    """A composed config as ``{"a.b.c": value}``."""
+    return config.flatten(OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True))
+
+
 @pytest.mark.unit
 def test_default_halfcheetah_configuration() -> None:
-    cfg = load_config([])
+    """The `ppo` defaults, as ``~tuning`` composes them for HalfCheetah (where they were chosen)."""
+    cfg = load_config(["~tuning"])
     assert (cfg.env.id, cfg.env.num_envs, cfg.env.vec_env, cfg.env.normalize) == (
         "HalfCheetah-v5", 16, "auto", True)
     a = cfg.algo
@@ -48,14 +54,29 @@ def test_default_hopper_configuration() -> None:
     assert (a.policy.pi, a.policy.vf, a.policy.activation) == ([64, 64], [64, 64], "tanh")
     assert (a.policy.log_std_init, a.policy.ortho_init) == (0.0, True)
     assert config.derive(cfg).gradient_steps_per_iteration == 160
-    assert load_config(["env=hopper", "~tuning"]).algo == load_config(["env=halfcheetah"]).algo
+    assert load_config(["env=hopper", "~tuning"]).algo == load_config(["~tuning"]).algo
+
+
+@pytest.mark.unit
+def test_halfcheetah_tuning() -> None:
+    """env=halfcheetah (the default) adds conf/tuning/ppo_halfcheetah.yaml: rollouts half as
+    long, the learning rate falling linearly; everything else is the `ppo` defaults."""
+    cfg, base = load_config([]), load_config(["~tuning"])
+    a = cfg.algo
+    assert (cfg.env.num_envs, a.n_steps, a.batch_size, a.n_epochs) == (16, 32, 256, 5)
+    assert (a.learning_rate, a.lr_schedule) == (3e-4, "linear")
+    assert config.derive(cfg).gradient_steps_per_iteration == 10
+    tuned, untuned = flat_config(cfg), flat_config(base)
+    assert {k for k, v in tuned.items() if untuned[k] != v} == {
+        "algo.n_steps", "algo.batch_size", "algo.lr_schedule"}
+    assert load_config(["algo.n_steps=64"]).algo.n_steps == 64  # an explicit value wins
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
     ("overrides", "batch_size"),
     [
-        (["env.num_envs=4"], 128),  # half a rollout, whatever the rollout
+        (["env.num_envs=4"], 64),  # half a rollout (4 x 32), whatever the rollout
         (["algo.n_steps=256"], 2048),
         (["env.num_envs=1", "algo.n_steps=2"], 2),
         (["algo.batch_size=64"], 64),  # an explicit value wins
