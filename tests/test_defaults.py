@@ -22,11 +22,6 @@ SCHEMA_DEFAULTS = config.flatten(OmegaConf.to_container(
     OmegaConf.structured(config.WorkbenchConfig), enum_to_str=True))
 
 
-def flat_config(cfg: config.WorkbenchConfig) -> dict[str, Any]:
-    """A composed config as ``{"a.b.c": value}``."""
-    return config.flatten(OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True))
-
-
 @pytest.mark.unit
 def test_default_halfcheetah_configuration() -> None:
     """The `ppo` defaults, as ``~tuning`` composes them for HalfCheetah (where they were chosen)."""
@@ -66,7 +61,7 @@ def test_halfcheetah_tuning() -> None:
     assert (cfg.env.num_envs, a.n_steps, a.batch_size, a.n_epochs) == (16, 32, 256, 5)
     assert (a.learning_rate, a.lr_schedule) == (3e-4, "linear")
     assert config.derive(cfg).gradient_steps_per_iteration == 10
-    tuned, untuned = flat_config(cfg), flat_config(base)
+    tuned, untuned = config.flatten(config.to_dict(cfg)), config.flatten(config.to_dict(base))
     assert {k for k, v in tuned.items() if untuned[k] != v} == {
         "algo.n_steps", "algo.batch_size", "algo.lr_schedule"}
     assert load_config(["algo.n_steps=64"]).algo.n_steps == 64  # an explicit value wins
