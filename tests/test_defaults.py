@@ -53,6 +53,22 @@ def test_default_hopper_configuration() -> None:
 
 
 @pytest.mark.unit
+def test_default_swimmer_configuration() -> None:
+    """env=swimmer adds conf/tuning/ppo_swimmer.yaml: rl-baselines3-zoo's entry sampled 16 wide,
+    its learning rate falling linearly."""
+    cfg = load_config(["env=swimmer"])
+    assert (cfg.env.id, cfg.env.num_envs, cfg.env.normalize, cfg.env.norm_gamma) == (
+        "Swimmer-v5", 16, True, 0.9999)
+    a = cfg.algo
+    assert (a.n_steps, a.batch_size, a.n_epochs) == (256, 256, 10)
+    assert (a.learning_rate, a.lr_schedule, a.gamma, a.gae_lambda) == (6e-4, "linear", 0.9999,
+                                                                        0.98)
+    assert (a.policy.pi, a.policy.activation, a.policy.ortho_init) == ([64, 64], "tanh", True)
+    assert config.derive(cfg).gradient_steps_per_iteration == 160
+    assert load_config(["env=swimmer", "algo.lr_schedule=constant"]).algo.lr_schedule == "constant"
+
+
+@pytest.mark.unit
 def test_halfcheetah_tuning() -> None:
     """env=halfcheetah (the default) adds conf/tuning/ppo_halfcheetah.yaml: rollouts half as
     long, the learning rate falling linearly; everything else is the `ppo` defaults."""
