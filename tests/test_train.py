@@ -361,6 +361,68 @@ def test_callbacks_that_skip_sb3s_per_step_locals_copy_see_the_same_locals() -> 
     assert not issubclass(callbacks.RewardComponentsCallback, LocalsFreeCallback)
 
 
+def test_a_callback_chain_skips_only_per_step_work_nobody_needs() -> None:
+    """The chain the trainer passes to SB3 calls ``on_step`` only on children that act on
+    steps and copies the rollout's locals only when a child may read them; every hook of a
+    skipped child reads the step counters a plain ``CallbackList`` would have given it."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback, CallbackList
+    from workbench.training.callbacks import CallbackChain, LocalsFreeCallback
+
+    class Boundaries(LocalsFreeCallback):
+        acts_on_steps = False
+
+        def _init_callback(self) -> None:
+            self.seen: list[tuple[str, int, int]] = []
+            self.steps = 0
+
+        def _on_step(self) -> bool:
+            self.steps += 1
+            return True
+
+        def _on_rollout_start(self) -> None:
+            self.seen.append(("start", self.n_calls, self.num_timesteps))
+
+        def _on_rollout_end(self) -> None:
+            self.seen.append(("end", self.n_calls, self.num_timesteps))
+
+        def _on_training_end(self) -> None:
+            self.seen.append(("training end", self.n_calls, self.num_timesteps))
+
+    class Stepped(LocalsFreeCallback):
+        def _init_callback(self) -> None:
+            self.steps = 0
+
+        def _on_step(self) -> bool:
+            self.steps += 1
+            return True
+
+    class Reader(BaseCallback):
+        def _init_callback(self) -> None:
+            self.saw: list[int] = []
+
+        def _on_step(self) -> bool:
+            self.saw.append(self.locals["n_steps"])
+            return True
+
+    def learn(callback: BaseCallback) -> None:
+        PPO("MlpPolicy", "Pendulum-v1", n_steps=8, batch_size=8, n_epochs=1, seed=0,
+            device="cpu").learn(24, callback=callback)
+
+    plain, lean = Boundaries(), Boundaries()
+    learn(CallbackList([plain]))
+    stepped, reader = Stepped(), Reader()
+    learn(CallbackChain([lean, stepped, reader]))
+    assert plain.steps == 24 and lean.steps == 0 and stepped.steps == 24
+    assert lean.seen == plain.seen and len(plain.seen) == 7  # 3 rollouts, then training end
+    assert plain.seen[-1] == ("training end", 24, 24)
+    assert reader.saw == [0, 1, 2, 3, 4, 5, 6, 7] * 3  # the locals copied at every step
+
+    alone = CallbackChain([Boundaries(), Stepped()])  # nobody reads the locals: no copy
+    learn(alone)
+    assert "infos" not in alone.locals and "n_steps" not in alone.locals
+
+
 def test_a_run_leaves_the_process_tracking_uri_alone(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The system-metrics sampler gets the run's store directly: ``mlflow.set_tracking_uri``

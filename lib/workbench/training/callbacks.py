@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import psutil
-from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecEnv, sync_envs_normalization
 
@@ -37,8 +37,63 @@ class LocalsFreeCallback(BaseCallback):
     list its ``locals`` stay exactly SB3's, and alone it never reads them.
     """
 
+    #: Whether ``_on_step`` does anything. A callback that only acts at iteration boundaries
+    #: says False, and a :class:`CallbackChain` does not call it after every step.
+    acts_on_steps: bool = True
+
     def update_locals(self, locals_: dict[str, Any]) -> None:
         """Skip the per-step copy (see the class)."""
+
+
+class CallbackChain(CallbackList):
+    """SB3's ``CallbackList`` without the per-step work none of its children needs.
+
+    After every environment step (16 envs: ~350 times a second on HalfCheetah) SB3 copies the
+    rollout loop's local variables into the list and calls every child's ``on_step``. Here the
+    copy is made only when a child may read them (one that is not a
+    :class:`LocalsFreeCallback`: a user's callback, SB3's own), and ``on_step`` reaches only
+    the children that act on steps; the others' step counters (``num_timesteps``,
+    ``n_calls``), which SB3 updates in ``on_step``, are brought up to date before each of
+    their other hooks, so every hook reads what it would in a plain ``CallbackList``.
+    """
+
+    def __init__(self, callbacks: list[BaseCallback]) -> None:
+        super().__init__(callbacks)
+        self.readers = [c for c in callbacks if not isinstance(c, LocalsFreeCallback)]
+        self.stepped = [c for c in callbacks
+                        if not isinstance(c, LocalsFreeCallback) or c.acts_on_steps]
+        self.idle = [c for c in callbacks if c not in self.stepped]
+
+    def update_locals(self, locals_: dict[str, Any]) -> None:
+        """Copy the rollout loop's locals only for the children that may read them."""
+        if self.readers:
+            self.locals.update(locals_)
+            for callback in self.readers:
+                callback.update_locals(locals_)
+
+    def _on_step(self) -> bool:
+        continue_training = True
+        for callback in self.stepped:
+            continue_training = callback.on_step() and continue_training
+        return continue_training
+
+    def _sync_idle(self) -> None:
+        """The step counters SB3's ``on_step`` would have set on the children it skipped."""
+        for callback in self.idle:
+            callback.n_calls = self.n_calls
+            callback.num_timesteps = self.model.num_timesteps
+
+    def _on_rollout_start(self) -> None:
+        self._sync_idle()
+        super()._on_rollout_start()
+
+    def _on_rollout_end(self) -> None:
+        self._sync_idle()
+        super()._on_rollout_end()
+
+    def _on_training_end(self) -> None:
+        self._sync_idle()
+        super()._on_training_end()
 
 
 class IterationCallback(LocalsFreeCallback):
@@ -57,6 +112,8 @@ class IterationCallback(LocalsFreeCallback):
     logger itself, so its results land in the iteration's single batched log call. No
     evaluation is made once the budget is reached: the trainer's final evaluation covers it.
     """
+
+    acts_on_steps = False
 
     def __init__(
         self, eval_env: VecEnv | None = None, every_steps: int = 0, n_episodes: int = 5,
@@ -320,7 +377,9 @@ class MemoryPeak(LocalsFreeCallback):
     long before training.)
     """
 
-    def __init__(self, every_s: float = 5.0) -> None:
+    acts_on_steps = False
+
+    def __init__(self, every_s: float = 10.0) -> None:
         super().__init__()
         self.every_s = every_s
         self.peak_bytes = 0
@@ -387,8 +446,8 @@ class ProcessTree:
             with contextlib.suppress(psutil.Error):
                 self.children = self.me.children(recursive=True)
             self.listed_at = time.monotonic()
-        total = 0.0
-        for process in (self.me, *self.children):
+        total = time.process_time()  # this process: a clock read, no /proc parsing
+        for process in self.children:
             with contextlib.suppress(psutil.Error):  # a child that just exited
                 times = process.cpu_times()
                 total += times.user + times.system

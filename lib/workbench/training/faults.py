@@ -177,6 +177,8 @@ class UpdateCheck(LocalsFreeCallback):
     non-finite parameter shows in the losses of the update that made it anyway).
     """
 
+    acts_on_steps = False
+
     def __init__(self, params_every: int = 1) -> None:
         super().__init__()
         self.checked_updates = 0

@@ -51,6 +51,7 @@ from workbench.tracking.store import (
     truncate,
 )
 from workbench.tracking.system_metrics import start_system_metrics, stop_system_metrics
+from workbench.training.callbacks import CallbackChain
 from workbench.training.checkpoint import RecoveryCallback, save_last_good
 from workbench.training.describe import default_run_name, run_params, run_tags_for
 from workbench.training.faults import (
@@ -198,7 +199,8 @@ class TrainingRun:
         PPO and A2C dump their logs every iteration; the off-policy algorithms' logged points
         are the callbacks' (:class:`workbench.training.callbacks.OffPolicyIterationCallback`)."""
         with self.interruption.installed():
-            model.learn(total_timesteps - model.num_timesteps, callback=list(callbacks),
+            model.learn(total_timesteps - model.num_timesteps,
+                        callback=CallbackChain(list(callbacks)),
                         log_interval=None if off_policy else 1,
                         reset_num_timesteps=not resumed)
         if self.interruption.requested:

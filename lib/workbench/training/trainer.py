@@ -111,7 +111,8 @@ def train(
             capture_every=setup.derived.log_every_steps if off_policy else 0,
             keep_buffer=buffer_kept(cfg, model))
         start.restore(model, train_env, eval_env, run.client)  # a resumed run's state
-        memory, started = MemoryPeak(), time.perf_counter()
+        memory = MemoryPeak(cfg.tracking.system_metrics_interval_s)
+        started = time.perf_counter()
         run.learn(model, cfg.total_timesteps,
                   [*build_callbacks(cfg, train_env, eval_env, setup.derived.log_every_steps),
                    *video_callbacks(recorder, eval_env, cfg.video, cfg.total_timesteps),

@@ -141,6 +141,8 @@ class VideoCallback(LocalsFreeCallback):
     dump like the periodic evaluation; ``video/render_seconds`` goes into that iteration's
     log. None is made once the budget is reached: the final video covers it."""
 
+    acts_on_steps = False
+
     def __init__(self, recorder: VideoRecorder, eval_env: VecEnv, every_steps: int, total: int
                  ) -> None:
         super().__init__()
