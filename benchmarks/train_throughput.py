@@ -21,6 +21,8 @@ time, the learner's peak RSS and the largest worker's (``subproc``).
     python benchmarks/train_throughput.py --pin 0 --configs default --backends envpool
                                           # one after the other on one core (the quietest)
     python benchmarks/train_throughput.py --device cuda       # GPU servers: update share on GPU
+    python benchmarks/train_throughput.py --pin 0 --configs default --backends envpool \
+        --tracking-uri http://127.0.0.1:5000  # a tracking server (on another core) as the store
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def workbench_result(run_id: str, uri: str) -> dict[str, Any]:
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     tmp = Path(tempfile.mkdtemp(prefix="wb-throughput-"))
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    uri = args.tracking_uri or f"sqlite:///{tmp / 'mlflow.db'}"
     env = {"MLFLOW_TRACKING_URI": uri, "WORKBENCH_EXPERIMENTS": str(tmp)}
     rows: list[dict[str, Any]] = []
     for rep in range(args.reps):
@@ -184,6 +186,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int)
     parser.add_argument("--reps", type=int)
     parser.add_argument("--device", default="cpu", help="cpu | cuda | auto")
+    parser.add_argument("--tracking-uri", metavar="URI",
+                        help="the store the workbench side logs to (e.g. a tracking server's "
+                             "http://host:port) instead of a fresh SQLite file")
     parser.add_argument("--concurrent", action="store_true",
                         help="run bare and workbench at the same time, one core each (swapped "
                              "every repetition; each gets 1 core's budget)")
