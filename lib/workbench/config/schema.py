@@ -150,7 +150,7 @@ class TrackingConfig:
     experiment: str = "workbench"  # MLflow experiment name (not empty)
     run_name: str | None = None  # None: derived from env, num_envs, n_steps and seed
     system_metrics: bool = True  # MLflow's built-in CPU/memory/GPU sampler
-    # seconds between samples (MLflow's default)
+    # seconds between samples (MLflow's default); also the process tree's memory samples
     system_metrics_interval_s: float = ranged(10.0, 0, above=True, example=10)
     tags: dict[str, str] = field(default_factory=dict)  # extra run tags
 
