@@ -23,6 +23,8 @@ time, the learner's peak RSS and the largest worker's (``subproc``).
     python benchmarks/train_throughput.py --device cuda       # GPU servers: update share on GPU
     python benchmarks/train_throughput.py --pin 0 --configs default --backends envpool \
         --tracking-uri http://127.0.0.1:5000  # a tracking server (on another core) as the store
+    python benchmarks/train_throughput.py --pin 0 --configs hopper --config hopper=env=hopper \
+        --backends envpool                    # another task as shipped (its tuning file)
 """
 
 from __future__ import annotations
@@ -181,7 +183,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--configs", nargs="+", help=f"of {sorted(CONFIGS)} and --config names")
     parser.add_argument("--config", action="append", default=[],
                         metavar="NAME=OVERRIDE,OVERRIDE",
-                        help="add a configuration: env=halfcheetah plus these overrides")
+                        help="add a configuration: env=halfcheetah plus these overrides (or "
+                             "the task an env=<task> among them names)")
     parser.add_argument("--backends", nargs="+", choices=["dummy", "subproc", "envpool"])
     parser.add_argument("--steps", type=int)
     parser.add_argument("--reps", type=int)
@@ -209,7 +212,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     for item in args.config:
         name, _, overrides = item.partition("=")
-        CONFIGS[name] = ["env=halfcheetah", *split_overrides(overrides)]
+        given = split_overrides(overrides)
+        task = [] if any(o.startswith("env=") for o in given) else ["env=halfcheetah"]
+        CONFIGS[name] = [*task, *given]
     unknown = sorted(set(args.configs or []) - set(CONFIGS))
     if unknown:
         parser.error(f"unknown --configs {unknown}; choose from {sorted(CONFIGS)} or add --config")

@@ -5,8 +5,9 @@ logs them (:mod:`workbench.training`) and the code that reads them (:mod:`workbe
 from __future__ import annotations
 
 # Memory of the training process tree (PSS of the trainer and its env workers, MiB), sampled
-# at rollout ends at most once a second. Machine-dependent like MLflow's system/* metrics, so
-# it shares their prefix (and is left out of the reproducibility comparison with them).
+# at rollout ends at most every ``tracking.system_metrics_interval_s``. Machine-dependent like
+# MLflow's system/* metrics, so it shares their prefix (and is left out of the
+# reproducibility comparison with them).
 PROCESS_MEMORY_KEY = "system/process_tree_memory_mb"
 
 # Runs that are not trainings: ``workbench eval`` logs a parent run tagged ``workbench.kind=eval``
