@@ -315,3 +315,102 @@ def test_a_status_synced_after_a_reap_replaces_the_reap(store: Path, tmp_path: P
     assert run.info.status == "KILLED"
     assert run.data.tags["error"] == "interrupted: SIGTERM received at step 256"
     assert runs.REAPED_TAG not in run.data.tags
+
+
+# --------------------------------------------------------------------------- helper process
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, reaped by its parent, counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_an_embedded_store_s_metric_rows_go_through_a_helper_that_ends_with_the_run(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uri = os.environ["MLFLOW_TRACKING_URI"]
+    client = MlflowClient(uri)
+    run_id, origin = new_run(client, tmp_path)
+    live = outbox.DeliveryClient(uri, run_id, origin=origin, store_process_after_s=0)
+    live.log_batch(run_id, metrics=metrics(1, 2))
+    live.log_batch(run_id, metrics=metrics(3))
+    assert live.flush(60)
+    helper = live.worker
+    assert helper is not None and alive(helper.pid) and helper.pid != os.getpid()
+    assert steps_of(client, run_id) == [1, 2, 3]
+
+    os.kill(helper.pid, 9)  # the helper dies (OOM killer, a stray kill): nothing is lost
+    live.log_batch(run_id, metrics=metrics(4))
+    live.set_terminated(run_id, "FINISHED")
+    assert live.close() == 0
+    assert live.worker is None and not alive(helper.pid)
+    assert steps_of(client, run_id) == [1, 2, 3, 4]
+    assert client.get_run(run_id).info.status == "FINISHED"
+    notes = [line for line in capsys.readouterr().err.splitlines()
+             if "store helper" in line]
+    assert len(notes) == 1
+    assert notes[0].startswith(f"workbench: note: run {run_id}: the store helper is gone")
+    assert notes[0].endswith("writing metrics from the training process")
+
+
+def test_the_helper_s_refusals_are_judged_as_the_store_s_own(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A write to a run in the store's trash is kept, not dropped as a bad write and not
+    taken for an outage: the helper's answer carries MLflow's error code across."""
+    uri = os.environ["MLFLOW_TRACKING_URI"]
+    client = MlflowClient(uri)
+    run_id, origin = new_run(client, tmp_path)
+    live = outbox.DeliveryClient(uri, run_id, origin=origin, store_process_after_s=0,
+                                 drain_timeout_s=3)
+    live.log_batch(run_id, metrics=metrics(1))
+    assert live.flush(60) and live.worker is not None
+    helper = live.worker.pid
+    client.delete_run(run_id)
+    live.log_batch(run_id, metrics=metrics(2))
+    assert live.close() == 1
+    assert live.verdict is Verdict.DELETED_RUN
+    assert not alive(helper)
+    err = capsys.readouterr().err
+    assert f"run {run_id} is deleted in the store; its writes are kept" in err
+    assert "store helper" not in err  # it answered; it did not fail
+
+
+def test_a_helper_that_cannot_start_leaves_the_writes_to_the_training_process(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    uri = os.environ["MLFLOW_TRACKING_URI"]
+    client = MlflowClient(uri)
+    run_id, origin = new_run(client, tmp_path)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))  # nothing to start
+    live = outbox.DeliveryClient(uri, run_id, origin=origin, store_process_after_s=0)
+    live.log_batch(run_id, metrics=metrics(1))
+    live.log_batch(run_id, metrics=metrics(2), params=[Param("lr", "0.001")])
+    assert live.close() == 0
+    assert steps_of(client, run_id) == [1, 2]
+    assert client.get_run(run_id).data.params == {"lr": "0.001"}
+    (note,) = [line for line in capsys.readouterr().err.splitlines()
+             if "store helper" in line]
+    assert "could not start the store helper" in note
+
+
+@pytest.mark.unit
+def test_a_server_s_store_and_short_runs_never_start_the_helper(store: Path) -> None:
+    late = outbox.DeliveryClient(os.environ["MLFLOW_TRACKING_URI"], "0" * 32,
+                                 store_process_after_s=3600)
+    remote = outbox.DeliveryClient(down_url(), "1" * 32, store_process_after_s=0,
+                                   drain_timeout_s=0.1)
+    off = outbox.DeliveryClient(os.environ["MLFLOW_TRACKING_URI"], "2" * 32,
+                                store_process_after_s=None, drain_timeout_s=0.1)
+    try:
+        assert late.worker_due is not None and late.worker_due > time.monotonic() + 3000
+        assert remote.worker_due is None and off.worker_due is None
+        assert late._worker() is None and remote._worker() is None and off._worker() is None
+    finally:
+        for client in (late, remote, off):
+            client.close()
