@@ -152,9 +152,6 @@ class TrackingConfig:
     system_metrics: bool = True  # MLflow's built-in CPU/memory/GPU sampler
     # seconds between samples (MLflow's default); also the process tree's memory samples
     system_metrics_interval_s: float = ranged(10.0, 0, above=True, example=10)
-    # an embedded (SQLite) store's metric rows are written by a helper process once the run
-    # has lasted this many seconds, off the training process's core; None: always in-process
-    store_process_after_s: float | None = ranged(30.0, 0, example=30)
     tags: dict[str, str] = field(default_factory=dict)  # extra run tags
 
 

@@ -221,7 +221,14 @@ def apply(client: MlflowClient, run_id: str, record: Mapping[str, Any], journal:
     """Perform one journaled write against the store (raises on failure)."""
     op = record["op"]
     if op == "log_batch":
-        log_batch_record(client, run_id, record)
+        metrics = [Metric(k, float(v), int(t), int(step)) for k, v, t, step in record["metrics"]]
+        MlflowClient.log_batch(
+            client,
+            run_id,
+            metrics=metrics,
+            params=[Param(k, v) for k, v in record["params"]],
+            tags=[RunTag(k, v) for k, v in record["tags"]],
+        )
     elif op == "set_terminated":
         clear_reap(client, run_id)
         MlflowClient.set_terminated(client, run_id, record["status"], record["end_time"])
@@ -232,17 +239,6 @@ def apply(client: MlflowClient, run_id: str, record: Mapping[str, Any], journal:
         delete_artifacts(client, run_id, record["artifact_path"])
     else:
         raise ValueError(f"unknown outbox operation {op!r}")
-
-
-def log_batch_record(client: MlflowClient, run_id: str, record: Mapping[str, Any]) -> None:
-    """Perform one journaled ``log_batch`` (:func:`encode_batch`'s record) against the store."""
-    MlflowClient.log_batch(
-        client,
-        run_id,
-        metrics=[Metric(k, float(v), int(t), int(step)) for k, v, t, step in record["metrics"]],
-        params=[Param(k, v) for k, v in record["params"]],
-        tags=[RunTag(k, v) for k, v in record["tags"]],
-    )
 
 
 def clear_reap(client: MlflowClient, run_id: str) -> bool:

@@ -13,10 +13,7 @@ Design (a training neither dies after minutes of retries nor silently drops metr
    Consecutive metric batches (one per PPO iteration) are merged into one ``log_batch`` call
    at most every ``batch_interval_s`` (1 s): a call costs the store about the same CPU whatever
    its size, and a longer interval bought nothing measurable while heartbeats, tags and
-   outage detection queued behind it (docs/benchmarks.md#tracking-overhead). Into an
-   embedded SQLite store, once the run has lasted ``store_process_after_s``, those calls are
-   made by a helper process (:mod:`workbench.tracking.store_worker`): MLflow's ORM work per
-   row then leaves the training process, and a helper that fails hands the work back.
+   outage detection queued behind it (docs/benchmarks.md#tracking-overhead).
 3. **Only an acknowledged write leaves the journal.** A refusal is judged first
    (:mod:`workbench.tracking.rejection`): a refused login is retried like an outage, a run
    the store lost is re-created from the journal, a run in the store's trash waits, and only
@@ -67,8 +64,7 @@ from workbench.tracking.journal import (
 )
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.rejection import CannotRecreate, Verdict
-from workbench.tracking.store import is_embedded, truncate
-from workbench.tracking.store_worker import StoreWorker, WorkerGone
+from workbench.tracking.store import truncate
 
 # One HTTP attempt must fail fast; the outbox does the retrying (MLflow's defaults retry for
 # about four minutes per request). Only set where the user has not chosen values.
@@ -79,10 +75,6 @@ FAST_FAIL_HTTP = {
 }
 
 HEARTBEAT_TAG = "workbench.heartbeat"
-
-# An embedded store's metric batches are written by a helper process once the run has lasted
-# this long (:mod:`workbench.tracking.store_worker`); short runs never pay its start-up.
-STORE_PROCESS_AFTER_S = 30.0
 
 
 def shorten_http_retries() -> dict[str, str | None]:
@@ -137,8 +129,6 @@ class DeliveryClient(MlflowClient):
     (identical on the same machine) are not logged twice. ``origin`` says how the run was
     created (:func:`workbench.tracking.rejection.origin_of`), so that a store that loses the
     run gets it back; after that :attr:`store_run_id` is the id of the run in the store.
-    ``store_process_after_s`` (embedded stores only; None: never): when metric batches start
-    going through the helper process.
     """
 
     def __init__(
@@ -151,7 +141,6 @@ class DeliveryClient(MlflowClient):
         drain_timeout_s: float = 10.0,
         batch_interval_s: float = 1.0,
         folder: Path | None = None,
-        store_process_after_s: float | None = STORE_PROCESS_AFTER_S,
     ) -> None:
         super().__init__(tracking_uri=tracking_uri)
         self.run_id = run_id
@@ -190,11 +179,6 @@ class DeliveryClient(MlflowClient):
         self.delivered = 0
         self.rejected: list[str] = []
         self._saved_env = shorten_http_retries()
-        # None: metric batches are written in this process (a server's store, or turned off)
-        self.worker_due: float | None = (
-            None if store_process_after_s is None or not is_embedded(tracking_uri)
-            else time.monotonic() + store_process_after_s)
-        self.worker: StoreWorker | None = None
         self.thread = threading.Thread(target=self._deliver, name="workbench-outbox", daemon=True)
         self.thread.start()
         self.heartbeat()  # alive from its creation on, not only once it steps
@@ -316,7 +300,6 @@ class DeliveryClient(MlflowClient):
             self.cond.notify_all()
         self.wake.set()
         self.thread.join(timeout=1.0 if drained else 0.1)
-        self._stop_worker()
         left = self.pending()
         restore_environment(self._saved_env)
         fcntl.flock(self._lock_handle, fcntl.LOCK_UN)
@@ -473,33 +456,8 @@ class DeliveryClient(MlflowClient):
             tag = RunTag(HEARTBEAT_TAG, f"{record['time']:.3f}")
             MlflowClient.log_batch(self, self.target, tags=[tag])
             self._revive()
-        elif is_metric_only(record) and (worker := self._worker()) is not None:
-            try:
-                worker.log_batch(self.target, record)
-            except WorkerGone as exc:  # unacknowledged: written here instead, from now on
-                self._stop_worker(f"{exc}; writing metrics from the training process")
-                apply(self, self.target, record, self.journal)
         else:
             apply(self, self.target, record, self.journal)
-
-    def _worker(self) -> StoreWorker | None:
-        """The helper process for metric batches once it is due (started on first use)."""
-        if self.worker is None and self.worker_due is not None \
-                and time.monotonic() >= self.worker_due and not self.closing:
-            try:
-                self.worker = StoreWorker.start(self.uri)
-            except WorkerGone as exc:
-                self._stop_worker(f"{exc}; writing metrics from the training process")
-        return self.worker
-
-    def _stop_worker(self, why: str | None = None) -> None:
-        """End the helper process (if any); with ``why``, for good, and say so."""
-        worker, self.worker = self.worker, None
-        if why is not None:
-            self.worker_due = None
-            print(f"workbench: note: run {self.run_id}: {why}", file=sys.stderr, flush=True)
-        if worker is not None:
-            worker.close()
 
     def _revive(self) -> None:
         """The run was reaped while this process was alive: RUNNING again, reap marks gone."""

@@ -291,8 +291,7 @@ def open_outbox(setup: RunSetup, start: Start, run: Run) -> TrainingRun:
         origin = origin_of(run, setup.experiment_name, resumed_from_step=start.resumed.step)
     else:
         skip_logged, origin = {}, origin_of(run, setup.experiment_name)
-    delivery = DeliveryClient(setup.uri, run.info.run_id, origin=origin, skip_logged=skip_logged,
-                              store_process_after_s=setup.cfg.tracking.store_process_after_s)
+    delivery = DeliveryClient(setup.uri, run.info.run_id, origin=origin, skip_logged=skip_logged)
     return TrainingRun(run, delivery, scrub_yaml(config.to_dict(setup.cfg)))
 
 

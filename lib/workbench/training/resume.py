@@ -52,7 +52,7 @@ from workbench.training.checkpoint import (
 MAY_CHANGE = (
     "resume", "total_timesteps", "console", "checkpoint", "tracking.uri", "tracking.tags",
     "tracking.run_name", "tracking.system_metrics", "tracking.system_metrics_interval_s",
-    "tracking.store_process_after_s", "torch_threads", "device",
+    "torch_threads", "device",
 )
 # May be given with resume= only to repeat the run's own value (to allow its module:Id).
 CONFIRMS = "env.id"
