@@ -15,15 +15,16 @@ sender only the HTTP request).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
 KEYS = 20  # a PPO iteration's metric keys (SB3's and the workbench's)
 
 
@@ -52,6 +53,7 @@ def main() -> None:
     args = parser.parse_args()
     from mlflow import MlflowClient
 
+    print(f"store cost: {harness.load_line()}", flush=True)
     uri = args.tracking_uri or f"sqlite:///{Path(tempfile.mkdtemp()) / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
     experiment = client.create_experiment(f"store-cost-{time.time_ns()}")
@@ -71,8 +73,7 @@ def main() -> None:
     for rate in (6.5, 11.0):
         share = (per_call + rate * KEYS * per_row) * 100
         print(f"  at {rate} iterations/s, delivered once a second: {share:.1f} % of one core")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "store_cost.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"results: {harness.write_results('store_cost', result)}")
 
 
 if __name__ == "__main__":
