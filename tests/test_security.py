@@ -149,3 +149,28 @@ def test_no_credential_printed_by_a_run_on_a_server(mlflow_server: MlflowServer,
         outputs += [failed.stdout, failed.stderr]
     text = "\n".join(outputs)
     assert password not in text and token not in text
+
+
+OSC52 = "\x1b]52;c;cm0gLXJmIH4=\x07"  # a terminal's clipboard write (base64 of a command)
+ANSI = "\x1b[31m"
+
+
+def test_terminal_escapes_from_run_data_stay_out_of_report_files(tmp_path: Path) -> None:
+    # A sweep id with ANSI codes and a run name with an OSC 52 clipboard write, as a store
+    # can hold them (the config checks refuse both on a command line, not in data).
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("escapes", artifact_location=(tmp_path / "art").as_uri())
+    sweep_id = f"s{ANSI}red"
+    for role, name in (("parent", "parent"), ("child", f"run{OSC52}x")):
+        run = client.create_run(exp, start_time=1000, run_name=name,
+                                tags={"sweep_id": sweep_id, "sweep.role": role})
+        client.log_metric(run.info.run_id, "summary/eval_mean_reward", 1.0)
+        client.set_terminated(run.info.run_id, "FINISHED", end_time=1010)
+    report = records.build_report(client, Selection(), store=uri, with_figures=False)
+    index = render.write_report(report, tmp_path / "reports" / "escapes")
+    markdown, page = (index.parent / "report.md").read_text(), index.read_text()
+    for text in (markdown, page):
+        assert not any(c in text for c in "\x1b\x07"), "a terminal escape reached the file"
+    assert markdown.startswith("# Report: sweep s\\\\x1b\\[31mred\n")
+    assert "run\\x1b]52;c;cm0gLXJmIH4=\\x07x" in page  # visible, as the console shows it

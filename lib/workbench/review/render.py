@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from workbench.console import printable
 from workbench.review.diagnostics import MIN_CPU_SAMPLES, Bottleneck, GpuHealth
 from workbench.review.records import EnvironmentFacts, FigureFile, Point, Report, RunRecord
 from workbench.review.scaling import Ladder
@@ -463,12 +464,19 @@ def link_target(url: str) -> str:
     return urllib.parse.quote(url, safe=URL_SAFE)
 
 
+def html_text(text: str) -> str:
+    """Text for HTML: markup escaped, and control characters and escape sequences shown as
+    visible ``\\x1b``-style text (:func:`workbench.console.printable`), so a run's name or
+    a sweep id cannot carry terminal escapes into a page someone may ``cat`` or copy."""
+    return html.escape(printable(text))
+
+
 def html_cell(cell: Cell) -> str:
     if isinstance(cell, Link):
-        return f'<a href="{html.escape(link_target(cell.url))}">{html.escape(cell.text)}</a>'
+        return f'<a href="{html.escape(link_target(cell.url))}">{html_text(cell.text)}</a>'
     if isinstance(cell, list):
         return " ".join(html_cell(c) for c in cell)
-    return html.escape(cell)
+    return html_text(cell)
 
 
 def render_html(report: Report, blocks: Sequence[Block]) -> str:
@@ -476,7 +484,7 @@ def render_html(report: Report, blocks: Sequence[Block]) -> str:
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{html.escape(report.title)}</title>", f"<style>{CSS}</style>", "</head>",
+        f"<title>{html_text(report.title)}</title>", f"<style>{CSS}</style>", "</head>",
         "<body>", blocks_html(blocks), "</body>", "</html>",
     ]) + "\n"
 
@@ -490,17 +498,17 @@ def blocks_html(blocks: Sequence[Block]) -> str:
         if b.kind == "card" and previous != "card":
             parts.append('<div class="cards">')  # consecutive cards share a grid
         if b.kind in ("h1", "h2", "h3", "p"):
-            parts.append(f"<{b.kind}>{html.escape(b.text)}</{b.kind}>")
+            parts.append(f"<{b.kind}>{html_text(b.text)}</{b.kind}>")
         elif b.kind == "table":
             parts.append(html_table(b))
         elif b.kind == "card":
-            parts.append(f'<section class="card"><h3>{html.escape(b.text)}</h3>'
+            parts.append(f'<section class="card"><h3>{html_text(b.text)}</h3>'
                          f"{html_table(b)}</section>")
         elif b.kind == "figure" and b.figure is not None:
             data = base64.b64encode(b.figure.png).decode("ascii")
             parts.append(f'<figure><img src="data:image/png;base64,{data}" '
-                         f'alt="{html.escape(b.figure.title)}">'
-                         f"<figcaption>{html.escape(b.text)}</figcaption></figure>")
+                         f'alt="{html_text(b.figure.title)}">'
+                         f"<figcaption>{html_text(b.text)}</figcaption></figure>")
         elif b.kind == "video" and b.video is not None:
             parts.append(video_html(b.video))
         if b.kind == "card" and following != "card":
@@ -510,7 +518,7 @@ def blocks_html(blocks: Sequence[Block]) -> str:
 
 def html_table(b: Block) -> str:
     css = f' class="{b.css}"' if b.css else ""
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in b.headers)
+    head = "".join(f"<th>{html_text(h)}</th>" for h in b.headers)
     body = "".join("<tr>" + "".join(f"<td>{html_cell(c)}</td>" for c in row) + "</tr>"
                    for row in b.rows)
     return f"<table{css}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -533,7 +541,7 @@ def md_escape(text: str) -> str:
     Every text of a report may hold run data (names, tags, params, descriptions), so all of
     it is escaped: no link, image, emphasis, code span, math or HTML can come from a run.
     """
-    text = " ".join(text.splitlines())
+    text = printable(" ".join(text.splitlines()))  # no terminal escape from a run either
     text = html.escape(text, quote=False)
     text = MARKDOWN_SPECIAL.sub(r"\\\1", text)
     return MARKDOWN_LINE_START.sub(lambda m: m[1] + (m[2] + "\\" if m[2].isdigit()

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from workbench.console import printable
+
 VIDEO_ARTIFACT = "video/replay.mp4"  # training/video.py's final video and its preview
 PREVIEW_ARTIFACT = "video/replay.gif"
 MAX_EMBED_BYTES = 8 * 2**20  # per video; a larger one is listed, not embedded
@@ -52,9 +54,10 @@ class PointVideo:
 def video_html(video: PointVideo) -> str:
     """A ``<figure>`` with the embedded MP4 (plays inline, muted, on a loop)."""
     data = base64.b64encode(video.mp4).decode("ascii")
+    title, caption = html.escape(printable(video.run_name)), html.escape(printable(video.caption))
     return (f'<figure class="video"><video controls loop muted playsinline preload="metadata" '
-            f'src="data:video/mp4;base64,{data}" title="{html.escape(video.run_name)}"></video>'
-            f"<figcaption>{html.escape(video.caption)}</figcaption></figure>")
+            f'src="data:video/mp4;base64,{data}" title="{title}"></video>'
+            f"<figcaption>{caption}</figcaption></figure>")
 
 
 class RunLike(Protocol):
