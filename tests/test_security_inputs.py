@@ -314,6 +314,26 @@ def test_deeply_nested_and_escaped_manifests_are_handled(
     assert "\x1b" not in out and "\\x1b]52;c;aGk=\\x07\\x1b[2J" in out
 
 
+def test_a_manifest_whose_pip_freeze_holds_no_text_is_compared_as_data(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from workbench.cli import main
+    from workbench.tracking.manifest import collect_manifest
+
+    manifest = collect_manifest()
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(manifest))
+    b.write_text(json.dumps({**manifest, "pip_freeze": [{"x": 1}, 5, None,
+                                                         *manifest["pip_freeze"]],
+                             "run": ["\x1b[2J"]}))
+    assert main(["manifest", "diff", str(a), str(b)]) == 1
+    captured = capsys.readouterr()
+    rows = [line.split() for line in captured.out.splitlines()]
+    assert ["pip_freeze", "#0", "-", '{"x":', "1}"] in rows
+    assert ["pip_freeze", "#1", "-", "5"] in rows and ["pip_freeze", "#2", "-", "null"] in rows
+    assert ["run", "hostname", manifest["run"]["hostname"], '["\\u001b[2J"]'] in rows
+    assert captured.err == "" and "\x1b" not in captured.out
+
+
 def test_a_mathtext_choice_draws_the_study_figures() -> None:
     import optuna
     from workbench.review.study import study_figures

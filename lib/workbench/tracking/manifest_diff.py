@@ -83,12 +83,13 @@ def comparable(manifest: Mapping[str, Any]) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for section in ("python", "packages", "os", "hardware", "cuda", "git"):
         flat.update(_flatten(manifest.get(section, {}), f"{section}."))
-    headline = {normalize_name(p) for p in manifest.get("packages", {})}
-    for line in manifest.get("pip_freeze", []):
-        name, _, version = line.partition("==")
-        if normalize_name(name) not in headline:
-            flat[f"pip_freeze.{normalize_name(name)}"] = version
+    packages = manifest.get("packages")
+    headline = {normalize_name(p) for p in packages if isinstance(p, str)} if isinstance(
+        packages, Mapping) else set()
+    flat.update(freeze_versions(manifest.get("pip_freeze", []), headline))
     run = manifest.get("run", {})
+    if not isinstance(run, Mapping):  # not what a workbench writes: compared as it is
+        run = {key: run for key in RUN_KEYS_COMPARED}
     for key in RUN_KEYS_COMPARED:
         flat.update(_flatten({key: run.get(key)}, "run."))
     inputs = manifest.get("inputs") or {}
@@ -99,6 +100,24 @@ def comparable(manifest: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(record, Mapping):
             record = {k: v for k, v in record.items() if k not in INPUT_KEYS_NOT_COMPARED}
         flat.update(_flatten({kind: record}, "inputs."))
+    return flat
+
+
+def freeze_versions(freeze: Any, headline: set[str]) -> dict[str, Any]:
+    """``pip_freeze`` as ``{"pip_freeze.<name>": version}``, leaving out the packages the
+    headline lists. A manifest is data: entries that are not ``name==version`` text (a
+    number, an object, null) are compared as they are, by position (``pip_freeze.#3``), and
+    a ``pip_freeze`` that is not a list as a whole."""
+    if not isinstance(freeze, list):
+        return {"pip_freeze": freeze}
+    flat: dict[str, Any] = {}
+    for index, line in enumerate(freeze):
+        if not isinstance(line, str):
+            flat[f"pip_freeze.#{index}"] = line
+            continue
+        name, _, version = line.partition("==")
+        if normalize_name(name) not in headline:
+            flat[f"pip_freeze.{normalize_name(name)}"] = version
     return flat
 
 
