@@ -72,6 +72,7 @@ from workbench.training.callbacks import LocalsFreeCallback, evaluate_version, r
 from workbench.training.faults import Interruption
 from workbench.training.model import build_model
 from workbench.training.snapshot import capture, is_restorable, materialize
+from workbench.training.state_checks import state_problem
 
 FORMAT = "workbench-checkpoint/1"
 ARRAYS_FILE = "arrays.safetensors"
@@ -272,24 +273,31 @@ def misfit(state: dict[str, Any], cfg: WorkbenchConfig) -> str | None:
     for another network or task, or forged with its hashes recomputed, is caught here before
     its arrays go into a model (where torch or SB3 would fail with a traceback).
     """
-    for key, expected, found in shape_pairs(state, cfg):
+    model = scratch_model(cfg)
+    for key, expected, found in shape_pairs(state, cfg, model):
         if found != expected:
             return f"{key} is {shape_text(found)}, the run's config needs {shape_text(expected)}"
-    return None
+    return state_problem(state, model, cfg.env.num_envs)  # the rest restore reads
 
 
-def shape_pairs(state: dict[str, Any], cfg: WorkbenchConfig) -> list[tuple[str, Shape, Shape]]:
-    """``(array, shape the config gives, shape in the checkpoint)`` for every array whose
-    shape the config and the environment's spaces decide (policy weights, Adam moments,
-    PPO's last observation, VecNormalize statistics)."""
+def scratch_model(cfg: WorkbenchConfig) -> Any:
+    """A one-env copy of the run's model on the CPU: its shapes, dtypes and optimizers,
+    nothing trained."""
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     venv = DummyVecEnv([lambda: make_env(EnvSpec.from_config(cfg))])
-    try:  # a one-env copy of the network on the CPU: its parameter shapes, nothing trained
-        model = build_model(cfg, venv, device="cpu")
-        obs = tuple(venv.observation_space.shape or ())
+    try:
+        return build_model(cfg, venv, device="cpu")
     finally:
         venv.close()
+
+
+def shape_pairs(state: dict[str, Any], cfg: WorkbenchConfig, model: Any
+                ) -> list[tuple[str, Shape, Shape]]:
+    """``(array, shape the config gives, shape in the checkpoint)`` for every array whose
+    shape the config and the environment's spaces decide (policy weights, Adam moments,
+    PPO's last observation, VecNormalize statistics)."""
+    obs = tuple(model.observation_space.shape or ())
     net = model.policy
     weights, policy, n = net.state_dict(), as_mapping(state.get("policy")), cfg.env.num_envs
     pairs: list[tuple[str, Shape, Shape]] = [

@@ -127,8 +127,10 @@ def set_off_policy_state(model: Any, state: dict[str, Any]) -> None:
     """Inverse of :func:`off_policy_state` for a materialized state; without the buffer's
     arrays the resumed run refills it: updates start again after ``learning_starts`` more
     steps."""
-    for name, value in state.get("variables", {}).items():
-        attrgetter(name)(model).data.copy_(value)
+    variables = state.get("variables", {})
+    for name in model._get_torch_save_params()[1]:  # the model's own names, not the stored
+        if name in variables:
+            getattr(model, name).data.copy_(variables[name])
     if state.get("action_space_rng") is not None:
         model.action_space.np_random.bit_generator.state = state["action_space_rng"]
     original = state.get("last_original_obs")
