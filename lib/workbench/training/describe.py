@@ -21,8 +21,8 @@ from workbench.tracking.store import source_tags
 # Tasks whose shipped defaults were measured (docs/benchmarks.md): side by side with
 # rl-baselines3-zoo's tuned PPO on HalfCheetah (where the `ppo` defaults were chosen), Hopper,
 # Swimmer and Walker2d (each of these four with its conf/tuning/ppo_<task>.yaml),
-# InvertedDoublePendulum, Reacher, Ant and Humanoid (untuned); on InvertedPendulum as
-# notebooks/train.ipynb runs them by default.
+# InvertedDoublePendulum, Reacher, Ant and Humanoid (untuned); on InvertedPendulum with its
+# tuning file, as notebooks/train.ipynb runs it by default (tests/test_demo.py).
 MEASURED_TASKS = ("halfcheetah", "hopper", "swimmer", "inverted_double_pendulum", "reacher",
                   "ant", "humanoid", "inverted_pendulum", "walker2d")
 # Tasks where the same measurement found the shipped defaults behind the zoo: the header says
