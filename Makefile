@@ -104,12 +104,16 @@ kernel:
 # keeps its commit (a notebook with outputs then merely shows as modified). The index is
 # refreshed once through the filter: otherwise every run's `git status` (the manifest, with
 # --no-optional-locks, never writes the index) filters each notebook a fresh checkout left
-# "racily clean" again, a Python start per notebook per run.
-NBSTRIPOUT = "$(abspath $(PY))" -m nbstripout
+# "racily clean" again, a Python start per notebook per run. The kernel's `language_info`, which
+# JupyterLab writes into the notebook at every save, is stripped too (papermill reads the
+# language from the kernelspec). The interpreter's absolute path is taken by the shell, never by
+# make's word functions, so a checkout whose path holds spaces keeps one path.
+NBSTRIPOUT_ARGS := --keep-id --extra-keys metadata.language_info
 git-filter:
 	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
-	  $(NBSTRIPOUT) --install --attributes .gitattributes && \
-	  git config filter.nbstripout.clean '$(NBSTRIPOUT) --keep-id' && \
+	  py="$$(cd "$$(dirname "$(PY)")" && pwd)/$$(basename "$(PY)")" && \
+	  "$$py" -m nbstripout --install --attributes .gitattributes && \
+	  git config filter.nbstripout.clean "\"$$py\" -m nbstripout $(NBSTRIPOUT_ARGS)" && \
 	  { git config --unset filter.nbstripout.required || true; } && \
 	  git update-index -q --really-refresh >/dev/null || true; fi
 

@@ -249,15 +249,19 @@ def test_dirty_files_named_in_manifest_and_tag(dirty_repo: Path) -> None:
 def test_notebook_outputs_leave_tree_clean_with_repo_filter(tmp_path: Path) -> None:
     """A JupyterLab session saves outputs into a committed notebook: with the repository's
     .gitattributes and `make git-filter` (as `make setup` runs it), git and the manifest see
-    no change; a changed cell source still is one."""
-    repo = tmp_path / "repo"
+    no change; a changed cell source still is one. The checkout and the interpreter sit under
+    paths with spaces and non-ASCII characters, as a user's may."""
+    repo = tmp_path / "新 实验" / "repo"
+    venv = tmp_path / "the venv" / "新 实验"  # the interpreter's environment, reached by a link
+    venv.parent.mkdir()
+    venv.symlink_to(sys.prefix, target_is_directory=True)
     (repo / "notebooks").mkdir(parents=True)
     git_out(repo, "init", "-q", "-b", "main")
     (repo / ".gitattributes").write_text((ROOT / ".gitattributes").read_text())
     notebook = repo / "notebooks" / "train.ipynb"
     notebook.write_text((ROOT / "notebooks" / "train.ipynb").read_text())
     subprocess.run(["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), "-C", str(repo),
-                    "git-filter", f"PY={sys.executable}"], check=True, capture_output=True,
+                    "git-filter", f"PY={venv / 'bin' / 'python'}"], check=True, capture_output=True,
                    timeout=120, env={k: v for k, v in os.environ.items()
                                      if k not in manifest.GIT_LOCATION_VARS})
     git_out(repo, "add", ".")
@@ -266,6 +270,7 @@ def test_notebook_outputs_leave_tree_clean_with_repo_filter(tmp_path: Path) -> N
     first_code = next(c for c in cells["cells"] if c["cell_type"] == "code")
     first_code["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["x" * 1000]}]
     first_code["execution_count"] = 7
+    cells["metadata"]["language_info"] = {"name": "python", "version": "3.11.7"}  # a Lab save
     notebook.write_text(json.dumps(cells, indent=1))
     git = manifest.collect_git(repo)
     assert (git["dirty"], git["dirty_files"]) == (False, []), git
