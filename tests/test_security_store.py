@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import pickle
 import sys
 import zipfile
@@ -26,7 +27,7 @@ from workbench import cli
 from workbench.config import ConfigError
 from workbench.deploy import export
 
-from .conftest import copy_store
+from .conftest import copy_store, forget_artifact_locations
 from .test_bad_input import tree_state
 from .test_checkpoint import Marker
 from .trained_run import ExportedPolicy, FinishedRun
@@ -127,6 +128,45 @@ def test_resume_refuses_a_checkpoint_that_does_not_fit_the_model(
         ["train", f"resume={finished_run.run_id}", "total_timesteps=512"], finished_run, capsys,
         f"checkpoint {CHECKPOINT} does not fit the run's model: {key} is shape "
         f"{[good.shape[0] + 1, *good.shape[1:]]}, the run's config needs shape {list(good.shape)}")
+
+
+def test_a_second_resume_of_a_run_is_refused_before_it_writes(
+    finished_run: FinishedRun, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from workbench.training.resume import claim_path, find, resume_claim
+
+    finished_run.use(monkeypatch)
+    resume = f"resume={finished_run.run_id}"
+    # The first resume holds the run's claim while it trains (here: this process, through
+    # its own open file, as another process would).
+    with resume_claim(find(finished_run.run_id, finished_run.uri)):
+        assert_refused_untouched(
+            ["train", resume, "total_timesteps=512"], finished_run, capsys,
+            f"{resume}: another `workbench train {resume}` on this machine (pid {os.getpid()}) "
+            "is continuing this run; wait for it to end")
+    assert not claim_path(finished_run.run_id).exists()  # a released claim leaves no file
+
+
+def test_a_resume_prepared_before_another_one_ended_is_refused(
+    finished_run: FinishedRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from workbench.training.resume import find, resume_claim
+
+    uri = copy_store(finished_run.experiments, tmp_path / "experiments")
+    monkeypatch.setenv("WORKBENCH_EXPERIMENTS", str(tmp_path / "experiments"))
+    try:
+        point = find(finished_run.run_id, uri)
+        # Another resume continued the run and ended it after this one read it.
+        MlflowClient(uri).set_terminated(finished_run.run_id, "FINISHED",
+                                         end_time=point.run.info.end_time + 1000)
+        with pytest.raises(ConfigError, match=r"the run changed while this resume was prepared "
+                                              r"\(another resume of it ran meanwhile; it is "
+                                              r"FINISHED now\); resume again"), \
+                resume_claim(point):
+            pass
+    finally:
+        forget_artifact_locations()
 
 
 # --------------------------------------------------------------------------- export --run

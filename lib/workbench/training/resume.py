@@ -23,9 +23,10 @@ with a Hub bundle's (:func:`workbench.training.bundle.pull_for_init`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
-from workbench import config
+from workbench import config, paths
+from workbench.claims import claim_holder, exclusive_claim
 from workbench.config import ConfigError, WorkbenchConfig
 from workbench.envs.checks import check_data_env_id, split_env_id
 from workbench.tracking import outbox, runs
@@ -72,6 +74,7 @@ class ResumePoint:
     config_yaml: str
     stored_steps: list[int]
     incomplete: list[str]
+    uri: str = ""  # the store the run was found in
 
     @property
     def run_id(self) -> str:
@@ -179,7 +182,7 @@ def find(run_id: str, uri: str) -> ResumePoint:
     return ResumePoint(
         run=run, step=latest.step, artifact_path=latest.path, state=state, config=saved,
         config_yaml=config_yaml, stored_steps=[c.step for c in complete],
-        incomplete=[c.path for c in stored if not c.complete],
+        incomplete=[c.path for c in stored if not c.complete], uri=uri,
     )
 
 
@@ -243,6 +246,41 @@ def check_fits(point: ResumePoint, cfg: WorkbenchConfig) -> None:
             f"run's model: {problem}; delete that folder from the run's artifacts to resume "
             "from the one before, or start a new run"
         )
+
+
+def claim_path(run_id: str) -> Path:
+    """The claim of a run being resumed on this machine: ``experiments/resume/<id>.claim``."""
+    return paths.experiments_dir() / "resume" / f"{run_id}.claim"
+
+
+@contextlib.contextmanager
+def resume_claim(point: ResumePoint) -> Iterator[None]:
+    """This process alone continues the run, on this machine, for the block.
+
+    Two ``workbench train resume=<id>`` of one run at once would both reopen it: one dies,
+    leaving its error on the run the other finishes, and metric steps repeat. The claim
+    (:func:`workbench.claims.exclusive_claim`, removed when released) is taken once the
+    checkpoint is checked and before anything is written; the second resume is refused in one
+    line. The run is read again under the claim: a resume that finished while this one was
+    being prepared changed it, and this one's checkpoint is no longer the newest.
+    """
+    path = claim_path(point.run_id)
+    with exclusive_claim(path, remove=True) as held:
+        if not held:
+            raise ConfigError(
+                f"resume={point.run_id}: another `workbench train resume={point.run_id}` on "
+                f"this machine (pid {claim_holder(path)}) is continuing this run; wait for it "
+                "to end (or stop it), then resume again if it has steps left"
+            )
+        now = make_client(point.uri).get_run(point.run_id).info
+        then = point.run.info
+        if (now.status, now.end_time) != (then.status, then.end_time):
+            raise ConfigError(
+                f"resume={point.run_id}: the run changed while this resume was prepared "
+                f"(another resume of it ran meanwhile; it is {now.status} now); resume again "
+                "to continue from its newest checkpoint"
+            )
+        yield
 
 
 def reopen(client: MlflowClient, point: ResumePoint) -> dict[str, int]:

@@ -10,6 +10,7 @@ preparation step of a run: it finds the checkpoint or pulls the bundle, before t
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ from workbench.training.dataset import PulledDataset, pull_for_run
 from workbench.training.resume import (
     ResumePoint,
     discard_incomplete,
+    resume_claim,
     resume_config,
     same_backend,
 )
@@ -115,6 +117,10 @@ class Start:
         """The manifest's ``inputs`` section: the robot files and the dataset (or null)."""
         return {"robot": self.robot.to_manifest() if self.robot else None,
                 "dataset": self.dataset.to_manifest() if self.dataset else None}
+
+    def claimed(self) -> contextlib.AbstractContextManager[None]:
+        """A resumed run's claim, held while it trains: one resume of a run at a time."""
+        return resume_claim(self.resumed) if self.resumed else contextlib.nullcontext()
 
     def env_spec(self, spec: EnvSpec) -> EnvSpec:
         """A resumed run keeps the backend ``vec_env=auto`` chose for it (an exact resume)."""

@@ -42,7 +42,7 @@ from workbench.training.faults import UpdateCheck
 from workbench.training.lifecycle import open_run, setup_run
 from workbench.training.model import build_model, save_model
 from workbench.training.progress import ConsoleWriter, ProgressBarCallback
-from workbench.training.start import prepare, validate
+from workbench.training.start import Start, prepare, validate
 from workbench.training.video import VideoRecorder, video_callbacks
 
 
@@ -88,9 +88,24 @@ def train(
     The run ends FINISHED, FAILED (error message in the ``error`` tag) or KILLED; a
     checkpoint of the last good state is kept in every case.
     """
-    cfg = validate(cfg)  # bad input raises here or in the next two lines: nothing written yet
+    cfg = validate(cfg)  # bad input raises here or in the next lines: nothing written yet
     start = prepare(cfg)  # fresh, the run's own checkpoint (resume=) or a Hub bundle (init.*);
     # the inputs: the robot files, the init.dataset pulled (WORKBENCH_DATASET_DIR in the run)
+    with start.claimed():  # resume=: no other process continues the run meanwhile
+        return train_prepared(cfg, start, tags=tags, parent_run_id=parent_run_id,
+                              run_info=run_info, callbacks=callbacks)
+
+
+def train_prepared(
+    cfg: WorkbenchConfig,
+    start: Start,
+    *,
+    tags: Mapping[str, str] | None,
+    parent_run_id: str | None,
+    run_info: Mapping[str, Any] | None,
+    callbacks: Sequence[BaseCallback],
+) -> TrainResult:
+    """:func:`train` once its config is checked and its start prepared (and claimed)."""
     setup = setup_run(cfg, start, tags={**run_source_tags(run_info), **(tags or {})},
                       parent_run_id=parent_run_id)
     with dataset_environment(start.dataset), open_run(setup, start) as run:
