@@ -32,11 +32,21 @@ from gymnasium import spaces
 from gymnasium.envs.mujoco import MujocoEnv
 from numpy.typing import NDArray
 
+from workbench.envs import model_names
 from workbench.envs.robots import rendering
 
 MODEL_FILE = "mini_duck.xml"
 FRAME_SKIP = 5  # 5 x 4 ms physics steps: 50 Hz control, like the real robot's loop
 STAND_KEYFRAME = "stand"
+# The observation, in order: (state array, its slice). ``_get_obs`` concatenates these and
+# ``workbench_contract`` names them, so the two cannot disagree.
+OBSERVATION_LAYOUT: tuple[tuple[str, slice], ...] = (
+    ("qpos", slice(7, None)),  # joint positions (the free joint's 7 left out)
+    ("qvel", slice(6, None)),  # joint velocities
+    ("qpos", slice(3, 7)),  # torso orientation quaternion (w x y z)
+    ("qvel", slice(3, 6)),  # torso angular velocity in the torso frame: the IMU's gyro
+    ("previous_action", slice(None)),  # the last action, in [-1, 1]
+)
 
 
 @dataclass(frozen=True)
@@ -222,10 +232,33 @@ class MiniDuckEnv(MujocoEnv):
         }
 
     def _get_obs(self) -> NDArray[np.float64]:
-        qpos, qvel = self.data.qpos, self.data.qvel
-        return np.concatenate(
-            [qpos[7:], qvel[6:], qpos[3:7], qvel[3:6], self.previous_action]
-        ).astype(np.float64)
+        arrays = {"qpos": self.data.qpos, "qvel": self.data.qvel,
+                  "previous_action": self.previous_action}
+        return np.concatenate([arrays[name][part] for name, part in OBSERVATION_LAYOUT]
+                              ).astype(np.float64)
+
+    def workbench_contract(self) -> dict[str, Any]:
+        """What each observation and action entry is, for an exported policy's contract
+        (:mod:`workbench.envs.contract`): named from the MJCF's joints and actuators in the
+        order of :data:`OBSERVATION_LAYOUT`; each action is a servo's position target,
+        ``ctrl_center + ctrl_half_range * action`` in the unit of the joint it drives."""
+        model = self.model
+        actuators = [model_names.actuator_name(model, i) for i in range(model.nu)]
+        elements = {
+            "qpos": model_names.qpos_elements(model),
+            "qvel": model_names.qvel_elements(model),
+            "previous_action": [model_names.Element(f"previous_action.{name}", None)
+                                for name in actuators],
+        }
+        observation: list[dict[str, Any]] = [
+            {"name": e.name, "unit": e.unit}
+            for name, part in OBSERVATION_LAYOUT for e in elements[name][part]]
+        for entry in observation[-model.nu:]:  # step() clips every action to [-1, 1]
+            entry.update(low=-1.0, high=1.0)
+        action = [{"name": name, "unit": model_names.actuator_target_unit(model, i),
+                   "scale": float(self.ctrl_half_range[i]), "offset": float(self.ctrl_center[i])}
+                  for i, name in enumerate(actuators)]
+        return {"observation": observation, "action": action, "commands": []}
 
     def _get_reset_info(self) -> dict[str, Any]:
         return {"x_position": float(self.data.qpos[0])}
