@@ -11,12 +11,13 @@ from pathlib import Path
 import gymnasium
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from stable_baselines3 import PPO
 from workbench import cli
-from workbench.deploy import export, graph
+from workbench.deploy import contract, export, graph, runner
 from workbench.envs import video
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_env
@@ -27,7 +28,7 @@ from .conftest import copy_store, embedded_store
 from .trained_run import ExportedPolicy
 
 EXPORT_FILES = {"policy.pt", "policy.onnx", "export_report.json", "samples.npz", "latency.npz",
-                "replay.mp4", "replay.gif"}
+                "replay.mp4", "replay.gif", "runner.py"}
 
 
 @dataclass
@@ -115,6 +116,28 @@ def test_graph_holds_normalization_and_clipping(exported: Exported, tmp_path: Pa
     with torch.no_grad():
         np.testing.assert_allclose(scripted(torch.from_numpy(extreme)).numpy(), sb3_extreme,
                                    atol=1e-5)
+
+
+def test_both_files_carry_the_contract_and_the_runner_lies_beside_them(
+        exported: Exported, tmp_path: Path) -> None:
+    in_onnx = {p.key: p.value for p in onnx.load(str(exported.folder / "policy.onnx"))
+               .metadata_props}[runner.CONTRACT_KEY]
+    extra = {contract.TORCHSCRIPT_FILE: ""}
+    torch.jit.load(str(exported.folder / "policy.pt"), _extra_files=extra)
+    assert json.loads(in_onnx) == json.loads(extra[contract.TORCHSCRIPT_FILE]) \
+        == exported.report["contract"]
+    checked = runner.read_contract(exported.folder / "policy.onnx")
+    assert (checked.observation_size, checked.action_size, checked.period_s) == (17, 6, 0.05)
+    raw = checked.raw
+    assert raw["source"]["run_id"] == exported.run_id
+    assert raw["source"]["checkpoint_step"] == exported.report["checkpoint"]["step"]
+    rms = load_policy(exported, tmp_path).vecnormalize.obs_rms
+    assert raw["normalization"]["mean"] == rms.mean.tolist()
+    assert raw["normalization"]["var"] == rms.var.tolist()
+    assert raw["versions"]["onnxruntime"] == onnxruntime.__version__
+    assert (exported.folder / "runner.py").read_bytes() == contract.runner_source()
+    assert "contract          workbench-policy-contract/1: 17 observation values" in \
+        exported.stdout
 
 
 def test_replay_is_driven_by_onnx_and_matches_sb3_episodes(

@@ -18,6 +18,10 @@ the worst case, before anything touches hardware:
 3. latency: single-observation calls for SB3 eager, TorchScript and ONNX Runtime: p50, p99,
    max, the first call on a freshly loaded instance, and the end-to-end time from the
    environment's numpy observation to a numpy action.
+
+Both files carry the policy's contract (:mod:`workbench.deploy.contract`: observation and
+action entries, normalization, control rate, robot hash, provenance, versions), and the
+standalone runner (:mod:`workbench.deploy.runner`) is written next to them as ``runner.py``.
 """
 
 from __future__ import annotations
@@ -50,6 +54,16 @@ from workbench.deploy.arguments import (
     check_checkpoint_choice,
 )
 from workbench.deploy.arguments import MIN_CALLS as MIN_CALLS  # benchmarks/gpu_check.py's
+from workbench.deploy.contract import (
+    RUNNER_FILE,
+    TORCHSCRIPT_FILE,
+    Provenance,
+    build_contract,
+    contract_text,
+    embed_onnx,
+    runner_source,
+    summary_line,
+)
 from workbench.deploy.graph import (
     INPUT_NAME,
     OUTPUT_NAME,
@@ -60,6 +74,7 @@ from workbench.deploy.graph import (
     onnx_session,
 )
 from workbench.deploy.latency import fp16_variant, latency_backends, measure_latency
+from workbench.deploy.runner import CONTRACT_KEY
 from workbench.envs import video
 from workbench.envs.checks import check_data_env_id
 from workbench.envs.spec import EnvSpec
@@ -256,21 +271,29 @@ def export_policy(
     episodes: int = DEFAULT_EPISODES,
     calls: int = DEFAULT_CALLS,
     warmup: int = DEFAULT_WARMUP,
+    provenance: Provenance | None = None,
 ) -> ExportResult:
     """Export ``source`` into ``directory`` and run the three checks; nothing is logged here.
 
-    Files: ``policy.pt``, ``policy.onnx``, ``samples.npz`` (the recorded raw observations and
-    SB3's actions for them, shipped with Hub bundles), ``latency.npz`` (every timed call),
-    ``replay.mp4``/``replay.gif`` (unless the run disabled videos or cannot render) and
+    Files: ``policy.pt`` and ``policy.onnx``, each carrying the contract (``provenance`` says
+    where the policy came from; default: ``source.origin``), ``runner.py`` (the standalone
+    runner), ``samples.npz`` (the recorded raw observations and SB3's actions for them,
+    shipped with Hub bundles), ``latency.npz`` (every timed call), ``replay.mp4``/
+    ``replay.gif`` (unless the run disabled videos or cannot render) and
     ``export_report.json``.
     """
     directory.mkdir(parents=True, exist_ok=True)
     cfg = source.config
     obs_dim = observation_dim(source)
     module = deployed_policy(source)
+    contract = build_contract(source, provenance or Provenance(origin=source.origin),
+                              library_versions())
     torchscript_path, onnx_path = directory / "policy.pt", directory / "policy.onnx"
-    export_torchscript(module, torchscript_path, obs_dim)
+    export_torchscript(module, torchscript_path, obs_dim,
+                       {TORCHSCRIPT_FILE: contract_text(contract)})
     opset = export_onnx(module, onnx_path, obs_dim)
+    embed_onnx(onnx_path, contract)
+    (directory / RUNNER_FILE).write_bytes(runner_source())
 
     obs = record_observations(source, observations, cfg.seed + OBS_SEED_OFFSET)
     expected = source.deterministic_actions(obs)
@@ -300,7 +323,11 @@ def export_policy(
             "clipped to the action space",
             "observation_normalization": module.normalize,
             "clip_obs": module.clip_obs if module.normalize else None,
+            "contract": f"{onnx_path.name} metadata_props {CONTRACT_KEY!r}, "
+            f"{torchscript_path.name} extra file {TORCHSCRIPT_FILE!r}",
+            "runner": RUNNER_FILE,
         },
+        "contract": contract,
         "versions": library_versions(),
         "parity": parity,
         "replay": replayed,
@@ -563,9 +590,12 @@ def export_run(
     with tempfile.TemporaryDirectory(prefix="workbench-export-") as tmp:
         chosen = choose_checkpoint(client, get_run(client, run_id), checkpoint_choice)
         source = load_run(client, run_id, Path(tmp) / "download", allowed_modules, chosen)
+        provenance = Provenance(origin=source.origin, run_id=run_id,
+                                checkpoint_step=chosen.stored.step,
+                                checkpoint=chosen.stored.path)
         result = export_policy(
             source, Path(tmp) / ARTIFACT_DIR, observations=observations, episodes=episodes,
-            calls=calls, warmup=warmup,
+            calls=calls, warmup=warmup, provenance=provenance,
         )
         result.report["run_id"] = run_id
         result.report["checkpoint"] = chosen.record()
@@ -592,6 +622,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"{parity['observations']} obs: TorchScript {parity['torchscript_max_abs_diff']:.2e}, "
         f"ONNX Runtime {parity['onnx_max_abs_diff']:.2e} (batch 1: "
         f"{parity['onnx_batch1_max_abs_diff']:.2e}); tolerance {parity['tolerance']:.0e}",
+        f"{'contract':<18}{contract_line(report)}",
         f"{'replay':<18}{replay_line(replayed)}",
         f"{'replay video':<18}{video_line(replayed.get('video') or {})}",
         f"{'fp16 (GPU)':<18}{fp16_line(report['fp16'])}",
@@ -609,6 +640,14 @@ def format_report(report: Mapping[str, Any]) -> str:
         )
     lines.append("=" * 78)
     return "\n".join(lines)
+
+
+def contract_line(report: Mapping[str, Any]) -> str:
+    """The contract's summary and where it is (reports written before contracts: none)."""
+    if "contract" not in report:
+        return "none (exported before contracts; export again)"
+    return (f"{summary_line(report['contract'])}; in {report['graph']['contract']}; "
+            f"{report['graph']['runner']} next to them")
 
 
 def replay_line(replayed: Mapping[str, Any]) -> str:

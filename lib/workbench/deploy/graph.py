@@ -14,7 +14,7 @@ import contextlib
 import logging
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -157,15 +157,18 @@ def example_input(obs_dim: int) -> torch.Tensor:
     return torch.zeros(2, obs_dim, dtype=torch.float32)
 
 
-def export_torchscript(module: torch.nn.Module, path: Path, obs_dim: int) -> None:
-    """Trace ``module`` to TorchScript (for small MLPs: trace, not script).
+def export_torchscript(module: torch.nn.Module, path: Path, obs_dim: int,
+                       extra_files: Mapping[str, str] | None = None) -> None:
+    """Trace ``module`` to TorchScript (for small MLPs: trace, not script), with
+    ``extra_files`` (name -> text, e.g. the contract) stored in the archive.
 
     torch marks ``torch.jit`` deprecated in favour of ``torch.export``, but TorchScript is
-    still what LibTorch C++ controllers load, which is why the issue asks for it.
+    still what LibTorch C++ controllers load (they read extra files with ``torch::jit::load``'s
+    ``ExtraFilesMap``).
     """
     with torch.no_grad():
         traced = torch.jit.trace(module, example_input(obs_dim))
-    traced.save(str(path))
+    torch.jit.save(traced, str(path), _extra_files=dict(extra_files or {}))
 
 
 def export_onnx(module: torch.nn.Module, path: Path, obs_dim: int) -> int:

@@ -29,6 +29,7 @@ from workbench import config, console
 from workbench.config import ConfigError, WorkbenchConfig
 from workbench.config.compose import hydra_value
 from workbench.deploy import export, graph
+from workbench.deploy.contract import Provenance, normalization_stats
 from workbench.tracking.metric_keys import ROBUSTNESS_LATEST_TAG, robustness_tag
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import set_tags
@@ -169,21 +170,6 @@ def copy_replay_video(exported: Path, folder: Path) -> bool:
         return False
     shutil.copy(path, folder / REPLAY_VIDEO)
     return True
-
-
-def normalization_stats(vecnormalize: Any) -> dict[str, Any]:
-    """VecNormalize's observation statistics as plain JSON (no pickle leaves the store)."""
-    if vecnormalize is None or not vecnormalize.norm_obs:
-        return {"norm_obs": False}
-    rms = vecnormalize.obs_rms
-    return {
-        "norm_obs": True,
-        "clip_obs": float(vecnormalize.clip_obs),
-        "epsilon": float(vecnormalize.epsilon),
-        "obs_mean": np.asarray(rms.mean, dtype=np.float64).tolist(),
-        "obs_var": np.asarray(rms.var, dtype=np.float64).tolist(),
-        "obs_count": float(rms.count),
-    }
 
 
 def redact_config(text: str) -> str:
@@ -514,7 +500,9 @@ def verify_export(directory: Path, allowed_modules: Sequence[str] = (), **budget
     verify_bundle(checked)
     source = load_bundle_source(checked, label=f"bundle {directory}")
     out = directory.with_name(directory.name + "-export")
-    return export.export_policy(source, out, **budget)
+    provenance = Provenance(origin=source.origin, run_id=checked.index.run_id,
+                            checkpoint_step=checked.index.num_timesteps)
+    return export.export_policy(source, out, provenance=provenance, **budget)
 
 
 # --------------------------------------------------------------------------- Hub I/O
