@@ -378,4 +378,4 @@ from tests.mlflowserver import mlflow_server  # noqa: E402, F401
 from tests.raycluster import clusters, shared_cluster  # noqa: E402, F401
 from tests.reportdata import report_sweep  # noqa: E402, F401
 from tests.teamserver import team_server  # noqa: E402, F401
-from tests.trained_run import exported_policy, finished_run  # noqa: E402, F401
+from tests.trained_run import exported_duck, exported_policy, finished_run  # noqa: E402, F401

@@ -33,6 +33,8 @@ BAD_INPUT = [
     (["tune", "tune.seeds=[0,1]", "tune.recheck_seeds=[1,2]"], "tune.recheck_seeds"),
     (["export", "--run", "0123456789abcdef", "--obsrvations", "8"], "--obsrvations"),
     (["export", "--run", "0123456789abcdef", "--observations", "0"], "observations=0"),
+    (["deploy", "verify", "--run", "0123456789abcdef", "--episodes", "0"], "--episodes 0"),
+    (["deploy", "check", "--run", "0123456789abcdef"], "invalid choice: 'check'"),
     (["report", "--sweeep", "demo"], "--sweeep"),
     (["report", "--approx-kl-max", "-1"], "approx_kl_max=-1.0"),
     (["report", "tracking.urri=sqlite:///nowhere.db"], "tracking.urri"),

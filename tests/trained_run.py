@@ -2,7 +2,9 @@
 
 - ``finished_run``: a tiny run with checkpoints (resume, checkpoint and manifest tests);
 - ``exported_policy``: a tiny VecNormalize run exported through the real command line, the
-  source of the export, Hub and bundle tests.
+  source of the export, Hub and bundle tests;
+- ``exported_duck``: the mini duck's standing preset, shrunk, exported through the command
+  line: the source of the contract, runner and sim-in-the-loop verification tests.
 
 A fixture is shared only when it is registered once, in conftest.py: a session fixture
 imported into several test modules is built once per module, each with its own cache.
@@ -31,6 +33,12 @@ HF_TEST_TOKEN = "hf_WorkbenchTestTokenNeverShown0123456789"
 # What `workbench export` is asked for: 64 parity observations, 3 replay episodes, 20 warm-up
 # calls before the latency is measured.
 EXPORT_ARGS = ("--observations", "64", "--episodes", "3", "--warmup", "20")
+# experiment=duck (VecNormalize, 4 envs, 50 Hz) shrunk to 2 PPO iterations and 50-step episodes:
+# it does not stand yet, which is not what its tests look at (the contract, the runner, the
+# real-time loop against its own final evaluation).
+DUCK = ["experiment=duck", "total_timesteps=2048", "env.max_episode_steps=50",
+        "eval.final_episodes=2", "video=off", "tracking.system_metrics=false",
+        "console.progress_bar=false", "console.iteration_lines=false"]
 
 
 @dataclass(frozen=True)
@@ -90,4 +98,17 @@ def exported_policy(tmp_path_factory: pytest.TempPathFactory) -> ExportedPolicy:
         proc = run_cli("export", "--run", result.run_id, *EXPORT_ARGS)
     assert proc.returncode == 0, proc.stderr
     print(proc.stdout)  # the report table with the measured figures (pytest -s shows it)
+    return ExportedPolicy(experiments, uri, result.run_id, proc.stdout)
+
+
+@pytest.fixture(scope="session")
+def exported_duck(tmp_path_factory: pytest.TempPathFactory) -> ExportedPolicy:
+    """The shrunk mini duck (:data:`DUCK`), exported through the real command line."""
+    from workbench.training import load_config, train
+
+    experiments, uri = store_under(tmp_path_factory, "duck")
+    with embedded_store(experiments):
+        result = train(load_config(DUCK))
+        proc = run_cli("export", "--run", result.run_id, *EXPORT_ARGS)
+    assert proc.returncode == 0, proc.stderr
     return ExportedPolicy(experiments, uri, result.run_id, proc.stdout)

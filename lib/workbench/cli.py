@@ -137,12 +137,15 @@ def setup_tune(parser: argparse.ArgumentParser) -> Runner:
     parser.add_argument("--n-trials", type=int, metavar="N",
                         help="trials of the study in total, every worker's counted; running "
                              "the command again runs the rest (same as tune.n_trials=N)")
+    parser.add_argument("--yes", action="store_true",
+                        help="train on more seeds than tune.max_seeds (default 20)")
     add_overrides(parser, "env=hopper search=ppo tune.objective=time_to_target "
                           "tune.target=2000 tune.budget_s=120 tune.workers=2")
     from workbench.tuning import request
 
     def run(args: argparse.Namespace) -> int:
-        checked = request.check_request(args.overrides, args.n_trials)  # before MLflow, torch
+        # before MLflow, torch
+        checked = request.check_request(args.overrides, args.n_trials, yes=args.yes)
         from workbench.review.statistics import judge_over_seeds
         from workbench.sweeps.point import ClusterLost
         from workbench.tuning.study import run_tune
@@ -271,6 +274,21 @@ def setup_hub(parser: argparse.ArgumentParser) -> Runner:
     return run
 
 
+def setup_deploy(parser: argparse.ArgumentParser) -> Runner:
+    """``workbench deploy verify --run RUN_ID``."""
+    from workbench.deploy import arguments
+
+    arguments.add_deploy_arguments(parser)
+
+    def run(args: argparse.Namespace) -> int:
+        arguments.check_deploy_arguments(args)  # before torch, SB3, MLflow and the simulator
+        from workbench.deploy import commands
+
+        return commands.deploy_command(args)
+
+    return run
+
+
 def setup_eval(parser: argparse.ArgumentParser) -> Runner:
     """``workbench eval --run RUN_ID | --bundle DIR | ... [--profile NAME] [KEY=VALUE ...]``."""
     from workbench.deploy import eval_arguments
@@ -340,6 +358,9 @@ COMMANDS: dict[str, Command] = {
                        "P(B > A), a verdict", setup_compare),
     "export": Command("export a run's policy to TorchScript + ONNX, verify parity, replay and "
                       "latency: export --run RUN_ID", setup_export),
+    "deploy": Command("rehearse a robot deployment: deploy verify --run RUN_ID runs the "
+                      "exported runner in its own process against MuJoCo in real time",
+                      setup_deploy),
     "eval": Command("a policy (run, bundle or exported file) over a robustness matrix of "
                     "perturbations x seeds (conf/eval/<profile>.yaml): verdicts, heatmaps, "
                     "nested MLflow runs", setup_eval),

@@ -19,6 +19,8 @@ DEFAULT_OBSERVATIONS = 256
 DEFAULT_EPISODES = 5
 DEFAULT_CALLS = 1000
 DEFAULT_WARMUP = 100
+DEFAULT_VERIFY_EPISODES = 3  # closed-loop episodes of `deploy verify`'s continuous stage
+MAX_VERIFY_EPISODES = 100
 MIN_CALLS = 1000  # latency percentiles need enough samples for a meaningful p99
 BEST, LAST = "best", "last"  # --checkpoint's named choices (else a step)
 
@@ -34,6 +36,10 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
         "--checkpoint", metavar="best|last|STEP",
         help="with --run: export this checkpoint of the run instead of its final policy: the "
         "best-evaluated (checkpoint.keep=best), the newest, or the one of a step")
+    parser.add_argument(
+        "--show-contract", action="store_true",
+        help="print the contract of the policy's existing export (the run's export/policy.onnx, "
+        "or the bundle's) as a table, and export nothing")
     add_allow_module(parser)
     budget = parser.add_argument_group("check sizes")
     budget.add_argument("--observations", type=int, default=DEFAULT_OBSERVATIONS,
@@ -58,6 +64,9 @@ def check_export_arguments(args: argparse.Namespace) -> list[str]:
             raise ConfigError(f"--checkpoint {args.checkpoint}: only with --run RUN_ID (a "
                               "bundle holds one policy)")
         check_checkpoint_choice(args.checkpoint)
+    if args.show_contract and args.checkpoint is not None:
+        raise ConfigError("--show-contract shows the run's existing export; --checkpoint "
+                          "chooses what to export: give one of them")
     return allowed_modules(args.allow_module)
 
 
@@ -106,6 +115,30 @@ def add_hub_arguments(parser: argparse.ArgumentParser) -> None:
     pull.add_argument("--revision", metavar="SHA|TAG", required=True,
                       help="a commit SHA or a tag (resolved once, then pinned)")
     add_allow_module(pull)
+
+
+def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
+    """``deploy verify`` and its flags."""
+    actions = parser.add_subparsers(dest="deploy_action", required=True, metavar="ACTION")
+    verify = actions.add_parser(
+        "verify", help="the run's exported runner against the simulator: static, single-step "
+        "and real-time closed-loop stages, latency against the control period",
+        description="Start the run's standalone runner as a separate process, drive it over a "
+        "local socket with MuJoCo in the robot's place, and give one verdict per stage.")
+    verify.add_argument("--run", metavar="RUN_ID", required=True,
+                        help="a run exported with `workbench export --run RUN_ID`")
+    verify.add_argument("--episodes", type=int, default=DEFAULT_VERIFY_EPISODES, metavar="N",
+                        help="closed-loop real-time episodes of the continuous stage "
+                        f"(default {DEFAULT_VERIFY_EPISODES})")
+    add_allow_module(verify)
+
+
+def check_deploy_arguments(args: argparse.Namespace) -> list[str]:
+    """The checks of ``workbench deploy verify``'s values; returns the allowed modules."""
+    if not 1 <= args.episodes <= MAX_VERIFY_EPISODES:
+        raise ConfigError(f"--episodes {args.episodes}: must be 1 to {MAX_VERIFY_EPISODES} "
+                          "(each runs in real time; e.g. --episodes 3)")
+    return allowed_modules(args.allow_module)
 
 
 def add_allow_module(parser: argparse.ArgumentParser) -> None:

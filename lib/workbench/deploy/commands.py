@@ -4,6 +4,8 @@ of their values are :mod:`workbench.deploy.arguments`, which loads no torch).
     workbench export --run RUN_ID [--checkpoint best|last|STEP] | --bundle DIR
                      | --repo-id ORG/NAME --revision REV [--allow-module MODULE]...
                      [--observations N] [--episodes N] [--calls N] [--warmup N]
+                     [--show-contract]
+    workbench deploy verify --run RUN_ID [--episodes N] [--allow-module MODULE]...
     workbench hub push --run RUN_ID | --model NAME@ALIAS --repo-id ORG/NAME [--public]
                        [--allow-module MODULE]...
     workbench hub pull --repo-id ORG/NAME --revision REV [--allow-module MODULE]...
@@ -17,11 +19,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
+from pathlib import Path
 
 from workbench.config import ConfigError
 from workbench.console import printable
-from workbench.deploy import export, hub
-from workbench.deploy.arguments import allowed_modules, check_export_arguments
+from workbench.deploy import contract, export, hub, runner, verification
+from workbench.deploy.arguments import (
+    allowed_modules,
+    check_deploy_arguments,
+    check_export_arguments,
+)
 from workbench.training.bundle import check_repo_id
 from workbench.training.bundle_format import BundleError
 
@@ -39,6 +47,9 @@ def export_command(args: argparse.Namespace) -> int:
               "calls": args.calls, "warmup": args.warmup}
     export.quiet_downloads()
     try:
+        if args.show_contract:
+            print(runner.contract_table(exported_contract(args, allowed)))
+            return 0
         if args.run:
             result = export.export_run(args.run, allowed_modules=allowed,
                                        checkpoint_choice=args.checkpoint, **budget)
@@ -54,6 +65,33 @@ def export_command(args: argparse.Namespace) -> int:
         print("workbench: export parity check failed (see the report above)", file=sys.stderr)
         return 1
     return 0
+
+
+def exported_contract(args: argparse.Namespace, allowed: list[str]) -> runner.Contract:
+    """The contract of a run's existing export, or of a (checked) bundle's policy.onnx."""
+    if not args.run:
+        directory = (pull_verified(args.repo_id, args.revision, allowed).directory
+                     if args.repo_id else hub.bundle_directory(args.bundle))
+        checked = hub.check_files(directory, str(directory), allowed)
+        return contract.read_contract(directory / "policy.onnx", f"bundle {checked.label}")
+    client = export.open_store()
+    export.get_run(client, args.run)
+    listed = {a.path for a in client.list_artifacts(args.run, export.ARTIFACT_DIR)}
+    if f"{export.ARTIFACT_DIR}/policy.onnx" not in listed:
+        raise ConfigError(f"run {args.run}: has no exported model (export/policy.onnx); export "
+                          f"it first: workbench export --run {args.run}")
+    with tempfile.TemporaryDirectory(prefix="workbench-contract-") as tmp:
+        path = Path(client.download_artifacts(
+            args.run, f"{export.ARTIFACT_DIR}/policy.onnx", tmp))
+        return contract.read_contract(path, f"run {args.run} export/policy.onnx")
+
+
+def deploy_command(args: argparse.Namespace) -> int:
+    """``deploy verify``: 0 when every stage passes, 1 when one fails or the contract does
+    not fit the run, 2 (one line) on bad input."""
+    allowed = check_deploy_arguments(args)
+    export.quiet_downloads()
+    return verification.verify_command(args.run, args.episodes, allowed)
 
 
 def hub_command(args: argparse.Namespace) -> int:
