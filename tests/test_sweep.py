@@ -294,6 +294,13 @@ def test_the_config_id_ignores_the_seed_and_bookkeeping() -> None:
     (["sweep.grid={algo.learning_rate:[1,2,3,4,5,6,7,8,9]}", "sweep.seeds=[0,1,2,3,4,5,6,7]"],
      "sweep: 72 points (9 algo.learning_rate x 8 seeds) is more than sweep.max_points=64; "
      "pass --yes to run them all, or set sweep.max_points=72"),
+    (["sweep.grid={algo.gamma:[0.9],algo.gamma:[0.99]}"],
+     "sweep.grid: key algo.gamma is given twice; give it once, with all its values in one "
+     "list (e.g. sweep.grid.algo.gamma=[a,b])"),
+    (["sweep.grid.algo.gamma=[0.9]", "sweep.grid.algo.gamma=[0.99]"],
+     "sweep.grid: key algo.gamma is given twice"),
+    (["sweep.grid={algo:{gamma:[0.9]},algo.gamma:[0.99]}"],
+     "sweep.grid: key algo.gamma is given twice"),
 ])
 def test_bad_grids_are_refused_in_one_line(args: list[str], line: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -317,6 +324,19 @@ def test_cli_refuses_a_bad_grid_before_writing(bare_store: Path) -> None:
     proc = run_cli(*big)
     assert proc.returncode == 2 and "pass --yes to run them all" in proc.stderr
     assert not bare_store.exists()
+
+
+def test_a_grid_env_id_naming_a_module_is_refused_before_anything_starts(
+        bare_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from workbench import cli
+
+    assert cli.main(["sweep", "sweep.grid.env.id=[Hopper-v5,os:Hopper-v5]"]) == 2
+    assert capsys.readouterr().err == (
+        "workbench: error: sweep.grid key env.id: 'os:Hopper-v5' names a module to import; a "
+        "grid value is never imported: give env.id=os:Hopper-v5 on the command line for every "
+        "point (it imports as your own env.id does), or sweep over conf/env options "
+        "(sweep.grid.env=[...])\n")
+    assert not bare_store.exists()  # no parent run, no notebook folder, no kernel
 
 
 def test_cli_bad_sweep_input_exits_2_before_writing(bare_store: Path) -> None:

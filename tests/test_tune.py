@@ -194,11 +194,28 @@ def test_final_return_reports_each_scheduled_evaluation() -> None:
                                    "only with tune.seeds"),
     (["tune.seeds=[0,1]", "seed=4"], "'seed=4' on the command line: with tune.seeds every trial "
                                      "trains on each of them"),
+    # (10,000 seeds are refused the same way; Hydra takes ~20 s to parse such a list)
+    ([f"tune.seeds=[{','.join(map(str, range(1000)))}]"],
+     "tune.seeds: 1,000 seeds is more than tune.max_seeds=20 (1,000 trainings per trial, "
+     "3,000 more for the check against the defaults); pass --yes to run them all, or set "
+     "tune.max_seeds=1000"),
+    (["tune.seeds=[0,1]", f"tune.recheck_seeds=[{','.join(map(str, range(5, 30)))}]"],
+     "tune.recheck_seeds: 25 seeds is more than tune.max_seeds=20 (2 trainings per trial, 75 "
+     "more for the check"),
 ])
 def test_bad_tuning_requests_are_refused_in_the_plan(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as info:
         plan_tune([*TINY_STUDY, *overrides])
     assert str(info.value).startswith(message), str(info.value)
+
+
+@pytest.mark.unit
+def test_many_seeds_run_when_confirmed() -> None:
+    from workbench.tuning.request import check_request
+
+    seeds = f"tune.seeds=[{','.join(map(str, range(25)))}]"
+    assert len(check_request([*TINY_STUDY, seeds], yes=True).seeds) == 25
+    assert len(check_request([*TINY_STUDY, seeds, "tune.max_seeds=25"]).seeds) == 25
 
 
 @pytest.mark.unit

@@ -302,6 +302,9 @@ class TuneConfig:
     recheck_top: int = ranged(2, 0, example=2)
     # seeds of that check, none of tune.seeds; None: as many as tune.seeds, after the largest
     recheck_seeds: list[int] | None = None
+    # more seeds than this in tune.seeds or tune.recheck_seeds need `workbench tune --yes`
+    # (each seed is a training of every trial: 10000 seeds are 10000 trainings per trial)
+    max_seeds: int = ranged(20, 1, example=20)
     # trials to run first with these values (search keys; a key left out is sampled), e.g.
     # rl-baselines3-zoo's entry for the task, so the sampler starts from a known setting
     enqueue: list[dict[str, Any]] = field(default_factory=list)

@@ -71,11 +71,63 @@ def flat_grid(grid: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in grid.items():
         name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flat_grid(value, f"{name}."))
-        else:
-            flat[name] = value
+        found = flat_grid(value, f"{name}.") if isinstance(value, Mapping) else {name: value}
+        for repeated in set(found) & set(flat):
+            raise repeated_key(repeated)
+        flat.update(found)
     return flat
+
+
+def repeated_key(key: str) -> ConfigError:
+    """The error for a grid key given twice: one of its lists would be dropped silently."""
+    return ConfigError(f"sweep.grid: key {key} is given twice; give it once, with all its "
+                       f"values in one list (e.g. sweep.grid.{key}=[a,b])")
+
+
+def check_unique_keys(overrides: Iterable[str]) -> None:
+    """Every grid key once on the command line: in two overrides of it, or twice in one
+    dict (``sweep.grid={algo.gamma:[0.9],algo.gamma:[0.99]}``), Hydra keeps the last."""
+    seen: set[str] = set()
+    for text in overrides:
+        key = override_key(text)
+        if not (key == "sweep.grid" or key.startswith("sweep.grid.")):
+            continue
+        if key in seen and key != "sweep.grid":
+            raise repeated_key(key.removeprefix("sweep.grid."))
+        seen.add(key)
+        repeated = repeated_dict_key(text)
+        if repeated is not None:
+            raise repeated_key(repeated)
+
+
+def repeated_dict_key(text: str) -> str | None:
+    """A key a dict of the override ``text`` names twice, or None (also when it does not
+    parse: composing it reports that). Hydra's own grammar and visitor, which keep the last
+    value of a repeated key, with the repetition noted."""
+    from antlr4 import CommonTokenStream, InputStream
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.overrides_visitor import HydraOverrideVisitor
+    from hydra.grammar.gen.OverrideLexer import OverrideLexer
+    from hydra.grammar.gen.OverrideParser import OverrideParser
+
+    repeated: list[str] = []
+
+    class Visitor(HydraOverrideVisitor):  # type: ignore[misc]
+        def visitDictContainer(self, ctx: Any) -> Any:  # noqa: N802 (ANTLR's name)
+            keys = [str(self.visitDictKey(ctx.getChild(i).getChild(0)))
+                    for i in range(1, ctx.getChildCount() - 1, 2)]
+            repeated.extend(k for i, k in enumerate(keys) if k in keys[:i])
+            return super().visitDictContainer(ctx)
+
+    lexer = OverrideLexer(InputStream(text))
+    lexer.removeErrorListeners()
+    parser = OverrideParser(CommonTokenStream(lexer))
+    parser.removeErrorListeners()
+    try:
+        Visitor(OverridesParser.create().functions).visit(parser.override())
+    except Exception:  # noqa: BLE001  (not an override: config.compose says why)
+        return None
+    return repeated[0] if repeated else None
 
 
 def sweep_axes(sweep: SweepConfig) -> list[Axis]:
@@ -132,6 +184,12 @@ def grid_axis(key: str, values: Any) -> Axis:
         raise ConfigError(f"{where}=[]: the axis needs at least one value, e.g. "
                           f"sweep.grid.{key}=[...]")
     unique = tuple(dict.fromkeys(hashable(v) for v in values))
+    module = next((v for v in unique if key == "env.id" and ":" in str(v)), None)
+    if module is not None:  # the request check imports nothing; each point's kernel would
+        raise ConfigError(f"{where}: {module!r} names a module to import; a grid value is "
+                          f"never imported: give env.id={module} on the command line for "
+                          "every point (it imports as your own env.id does), or sweep over "
+                          "conf/env options (sweep.grid.env=[...])")
     try:  # the key and each group option, with the config layer's "did you mean"
         config.check_overrides([override(key, v) for v in unique])
     except ConfigError as exc:

@@ -228,6 +228,7 @@ def check_request(overrides: Sequence[str], yes: bool = False) -> SweepRequest:
     overrides = list(overrides)
     shared = [o for o in overrides if not is_sweep_override(o)]
     grid.check_not_overridden([], shared, "on the command line")  # seed, run name: before all
+    grid.check_unique_keys(overrides)
     composed = config.compose(overrides)
     typed = typed_config(composed)
     config.check_names(typed)  # before a sweep id or a point name is built from them

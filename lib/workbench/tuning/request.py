@@ -67,15 +67,21 @@ class TuneRequest:
         return bool(self.seeds) and self.settings.recheck_top > 0
 
 
-def check_request(overrides: Sequence[str], n_trials: int | None = None) -> TuneRequest:
-    """Compose and check a tuning request's config; raises :class:`ConfigError` on bad input."""
+def check_request(overrides: Sequence[str], n_trials: int | None = None, yes: bool = False
+                  ) -> TuneRequest:
+    """Compose and check a tuning request's config; raises :class:`ConfigError` on bad input.
+
+    More than ``tune.max_seeds`` seeds (in ``tune.seeds`` or the check's) need ``yes``
+    (``workbench tune --yes``), as a sweep of more than ``sweep.max_points`` points does."""
     overrides = list(overrides)
     if not any(override_key(o) == "search" for o in overrides):
         # the composed algorithm names the default space (its search.* overrides need one)
-        algo = compose_typed([o for o in overrides
-                              if not override_key(o).startswith("search")]).algo.name
+        first = compose_typed([o for o in overrides if not override_key(o).startswith("search")])
+        check_seed_count(first.tune, yes)  # at the first composition: a long list is slow
+        algo = first.algo.name
         overrides.insert(0, f"search={algo}" if algo != "ppo" else DEFAULT_SEARCH)
     typed = compose_typed(overrides)
+    check_seed_count(typed.tune, yes)
     config.check_values(typed)  # the tune.* ranges among them
     space = parse_space(typed.search.name, typed.search.params, typed.algo.name)
     point_overrides = [o for o in overrides if not is_study_override(o)]
@@ -137,6 +143,24 @@ def check_seeds(tune: TuneConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
         raise ConfigError(f"tune.recheck_seeds={list(fresh)}: one seed gives no interval; "
                           "give at least 2 (e.g. [10,11,12,13,14])")
     return seeds, fresh
+
+
+def check_seed_count(tune: TuneConfig, yes: bool) -> None:
+    """Refuse more than ``tune.max_seeds`` seeds unless confirmed: every seed is a training
+    of every trial (and of every candidate of the check against the defaults, which takes as
+    many fresh seeds as ``tune.seeds`` unless ``tune.recheck_seeds`` names them)."""
+    seeds = list(tune.seeds or [])
+    fresh = list(tune.recheck_seeds) if tune.recheck_seeds is not None else seeds
+    if yes:
+        return
+    for key, values in (("tune.seeds", seeds), ("tune.recheck_seeds", fresh)):
+        if len(values) > tune.max_seeds:
+            check = len(fresh) * (tune.recheck_top + 1) if tune.recheck_top and seeds else 0
+            raise ConfigError(
+                f"{key}: {len(values):,} seeds is more than tune.max_seeds={tune.max_seeds} "
+                f"({len(seeds):,} trainings per trial, {check:,} more for the check against "
+                f"the defaults); pass --yes to run them all, or set "
+                f"tune.max_seeds={len(values)}")
 
 
 def distinct_seeds(key: str, values: Sequence[int]) -> tuple[int, ...]:
