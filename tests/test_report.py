@@ -21,7 +21,7 @@ import pytest
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from workbench.cli import main, parse
-from workbench.config import ConfigError
+from workbench.config import CONFIG_ID_TAG, ConfigError
 from workbench.review import diagnostics, figures, records, render, report
 from workbench.review.selection import Selection, all_experiment_ids, find_runs, known_sweeps
 
@@ -108,8 +108,8 @@ def test_report_content_of_a_real_sweep(sweep: reportdata.Sweep) -> None:
                               with_figures=False)  # the figures: the test above
     assert [r.run_id for r in rep.runs] == list(sweep.child_ids)  # oldest first, no parent
     assert rep.description == (  # the grid of every attempt's points, the parent's status
-        "Sweep tiny-grid on halfcheetah: num_envs [1, 2] × n_steps [64, 128] × seed [0, 1], "
-        "8 point runs of 384 steps; parent run FINISHED.")
+        "Sweep tiny-grid on halfcheetah: num_envs [1, 2] × n_steps [64, 128] × seeds [0, 1], "
+        "8 points of 384 steps; parent run FINISHED.")
     # MLflow's run page: the parent's description tells both attempts (seed 1 came later).
     note = client.get_run(sweep.parent_id).data.tags["mlflow.note.content"]
     assert note.startswith("Sweep tiny-grid on halfcheetah: num_envs [1, 2] x n_steps [64, 128] "
@@ -315,9 +315,80 @@ def test_a_diverged_run_never_ranks_first(scratch: tuple[MlflowClient, str, Path
     ranking = next(b for b in render.report_blocks(rep) if b.kind == "table")
     assert [row[1] for row in ranking.rows] == [
         "toy-ne5-ns8", "toy-ne4-ns8", "toy-ne3-ns8", "toy-ne2-ns8", "toy-ne1-ns8 (diverged)"]
-    assert [row[3] for row in ranking.rows] == ["100.0", "100.0", "100.0", "500.0", "900.0"]
+    # a FAILED run is listed, never counted: its point has no return
+    assert [row[3] for row in ranking.rows] == ["100.0", "100.0", "100.0", "–", "900.0"]
     assert [row[10] for row in ranking.rows] == [
         "FINISHED", "FINISHED", "FINISHED", "FAILED", "FINISHED"]
+
+
+def sweep_point_runs(client: MlflowClient, exp: str, sweep_id: str,
+                     runs: list[tuple[str, int, str, float]]) -> list[str]:
+    """A sweep over algo.learning_rate x env in ``exp``: its parent run, then one run per
+    (learning rate, seed, status, final return), each carrying its point's grid tags."""
+    parent = synthetic_run(client, exp, sweep_id, 1000, {"sweep_id": sweep_id,
+                                                         "sweep.role": "parent"})
+    client.log_batch(parent, params=[
+        Param("sweep.grid", "{'algo.learning_rate': [0.0001, 0.001], 'env': ['hopper']}"),
+        Param("sweep.env", "hopper")])
+    ids = []
+    for i, (lr, seed, status, reward) in enumerate(runs):
+        point = f"lr={lr} env=hopper s{seed}"
+        ids.append(synthetic_run(client, exp, point, 1001 + i, {
+            "sweep_id": sweep_id, "sweep.role": "child", "sweep.point": point, "env": "hopper",
+            "seed": str(seed), "num_envs": "2", "n_steps": "64",
+            "sweep.grid.algo.learning_rate": lr, "sweep.grid.env": "hopper",
+            "sweep.grid.env.num_envs": "2", "sweep.grid.algo.n_steps": "64",
+            CONFIG_ID_TAG: f"config-lr{lr}"},
+            reward, status, end=2000 + i))
+    return ids
+
+
+def ranking_text(rep: records.Report) -> tuple[tuple[tuple[object, ...], ...], str]:
+    """The ranking table's rows and every paragraph of the report, joined."""
+    blocks = render.report_blocks(rep)
+    table = next(b for b in blocks if b.kind == "table")
+    return table.rows, " ".join(b.text for b in blocks if b.kind == "p")
+
+
+def test_a_stopped_attempt_is_listed_never_counted(
+        scratch: tuple[MlflowClient, str, Path]) -> None:
+    """A sweep stopped and resumed: one point has a KILLED run (its last periodic evaluation
+    early on) and a FINISHED run of the same seed; only the FINISHED one counts."""
+    client, uri, _ = scratch
+    exp = experiment(scratch, "resumed")
+    sweep_point_runs(client, exp, "s-resumed", [
+        ("0.001", 0, "KILLED", 12.0), ("0.001", 0, "FINISHED", 900.0),
+        ("0.0001", 0, "FINISHED", 500.0)])
+    rep = records.build_report(client, Selection(sweep_id="s-resumed"), store=uri,
+                               with_figures=False)
+    assert rep.description == ("Sweep s-resumed on hopper: algo.learning_rate [0.0001, 0.001] "
+                               "× seeds [0], 2 points (3 runs); parent run FINISHED.")
+    best = rep.points[0]
+    assert (best.label, best.reward_mean, best.finished) == ("lr=1e-3", 900.0, True)
+    assert [r.status for r in best.scored] == ["FINISHED"]
+    rows, text = ranking_text(rep)
+    assert rows[0][2:6] == ("1 (2 runs)", "900.0", "900.0 (1 seed: no interval)", "–")
+    assert rows[0][10] == "1 FINISHED, 1 KILLED"
+    assert "interval" not in text.split("Ranked by")[0].replace("Confidence intervals need", "")
+    assert "ranking holds" not in text and "Confidence intervals need two seeds" in text
+
+
+def test_no_ranking_is_said_to_hold_on_a_point_with_one_seed(
+        scratch: tuple[MlflowClient, str, Path]) -> None:
+    client, uri, _ = scratch
+    exp = experiment(scratch, "one-seed")
+    sweep_point_runs(client, exp, "s-mixed", [
+        ("0.001", 0, "FINISHED", 900.0), ("0.001", 1, "FINISHED", 910.0),
+        ("0.0001", 0, "FINISHED", 100.0), ("0.0001", 1, "KILLED", 300.0)])
+    rep = records.build_report(client, Selection(sweep_id="s-mixed"), store=uri,
+                               with_figures=False)
+    rows, text = ranking_text(rep)
+    assert [row[2] for row in rows] == ["2", "1 (2 runs)"]
+    assert rows[1][4] == "100.0 (1 seed: no interval)"
+    assert not rep.points[1].finished  # seed 1 of that point never finished
+    assert "ranking holds" not in text
+    assert ("No two intervals of the points with two seeds or more overlap. #2 has fewer than "
+            "two finished seeds: no interval, so their places are single runs.") in text
 
 
 def test_each_task_gets_its_own_heatmaps(scratch: tuple[MlflowClient, str, Path]) -> None:

@@ -33,7 +33,8 @@ from workbench.review.tradeoff import Drawn
 from workbench.sweeps import grid
 
 GRID_TAG = grid.KEY_TAG_PREFIX  # a grid point's tag per key: sweep.grid.<key> = value
-SHORTHAND_KEYS = frozenset(grid.SHORTHAND)  # env.num_envs, algo.n_steps: today's grid
+SHORTHAND = tuple(grid.SHORTHAND)  # env.num_envs, algo.n_steps: today's grid, in its order
+SHORTHAND_KEYS = frozenset(SHORTHAND)
 TASK_KEYS = frozenset({"env", "env.id", "env.name"})  # keys that choose the task
 SHARED_SETTING = "the sweep's settings"  # the setting of a grid that varies the task only
 MIN_BASELINE_PREFIX = 4  # characters of a config id that --baseline may give
@@ -62,6 +63,9 @@ class PointLike(Protocol):
 
     @property
     def runs(self) -> Sequence[RunLike]: ...
+
+    @property
+    def scored(self) -> Sequence[RunLike]: ...  # FINISHED runs, one per seed
 
 
 # --------------------------------------------------------------------------- labels
@@ -244,7 +248,7 @@ def scores_by_setting(points: Sequence[PointLike]) -> dict[str, dict[str, list[f
     found: dict[str, dict[str, list[float]]] = {}
     for p in points:
         task = found.setdefault(p.setting, {}).setdefault(p.task, [])
-        task += [r.final_reward for r in p.runs if math.isfinite(r.final_reward)]
+        task += [r.final_reward for r in p.scored if math.isfinite(r.final_reward)]
     return found
 
 
@@ -253,7 +257,7 @@ def seeds_by_setting(points: Sequence[PointLike]) -> dict[str, dict[str, int]]:
     seeds: dict[str, dict[str, set[object]]] = {}
     for p in points:
         task = seeds.setdefault(p.setting, {}).setdefault(p.task, set())
-        task |= {r.seed if r.seed is not None else id(r) for r in p.runs
+        task |= {r.seed if r.seed is not None else id(r) for r in p.scored
                  if math.isfinite(r.final_reward)}
     return {s: {t: len(v) for t, v in tasks.items()} for s, tasks in seeds.items()}
 

@@ -184,6 +184,19 @@ class Point:
         return self.runs[0].num_envs
 
     @property
+    def scored(self) -> list[RunRecord]:
+        """The runs the point's statistics count: FINISHED ones, one per seed (the one that
+        ended last), so a stopped attempt or a rerun of a seed never enters a mean, an
+        interval or a curve; :attr:`runs` still lists every run."""
+        return scored_runs(self.runs)
+
+    @property
+    def plotted(self) -> list[RunRecord]:
+        """The runs a figure draws: the scored ones, or while none has finished, every run
+        (how far it got)."""
+        return self.scored or self.runs
+
+    @property
     def seeds(self) -> int:
         """Distinct seeds among the runs (a rerun of a seed is not another seed)."""
         return distinct_seeds(self.runs)
@@ -198,13 +211,13 @@ class Point:
         return self.runs[0].n_steps
 
     def values(self, key: str) -> np.ndarray:
-        """Finite final values of ``key`` over the point's runs."""
-        found = np.array([r.last(key) for r in self.runs], dtype=float)
+        """Finite final values of ``key`` over the point's scored runs."""
+        found = np.array([r.last(key) for r in self.scored], dtype=float)
         return found[np.isfinite(found)]
 
     @property
     def rewards(self) -> np.ndarray:
-        found = np.array([r.final_reward for r in self.runs], dtype=float)
+        found = np.array([r.final_reward for r in self.scored], dtype=float)
         return found[np.isfinite(found)]
 
     @property
@@ -227,7 +240,9 @@ class Point:
 
     @property
     def finished(self) -> bool:
-        return all(r.status == "FINISHED" for r in self.runs)
+        """Every seed the point trained has a FINISHED run (a stopped attempt of a seed that
+        was then run to its end does not count against it)."""
+        return distinct_seeds(self.scored) == self.seeds
 
     @property
     def status(self) -> str:
@@ -241,6 +256,19 @@ class Point:
         reward, wall = self.reward_mean, self.mean("summary/wall_time_s")
         return (self.diverged, not self.finished, -reward if not math.isnan(reward) else math.inf,
                 wall if not math.isnan(wall) else math.inf, self.label)
+
+
+def scored_runs(runs: Sequence[RunRecord]) -> list[RunRecord]:
+    """The FINISHED runs, one per seed (the one that ended last), in the order given."""
+    newest: dict[object, RunRecord] = {}
+    for run in runs:
+        if run.status != "FINISHED":
+            continue
+        seed = run.seed if run.seed is not None else run.run_id
+        if seed not in newest or (run.end_ms or 0) >= (newest[seed].end_ms or 0):
+            newest[seed] = run
+    kept = {id(run) for run in newest.values()}
+    return [run for run in runs if id(run) in kept]
 
 
 def distinct_seeds(runs: Sequence[RunRecord]) -> int:
@@ -379,22 +407,49 @@ def base_label(run: RunRecord) -> str:
     return re.sub(r"-s\d+$", "", run.tags.get(SWEEP_POINT) or run.name)
 
 
-def sweep_description(parent: Run, runs: Sequence[RunRecord]) -> str:
+def sweep_description(parent: Run, runs: Sequence[RunRecord],
+                      layout: GridLayout = GridLayout()) -> str:  # noqa: B008
     """The sweep as its point runs show it (every attempt's points: one that added seeds
-    through ``sweep.id=`` included) and its parent's status."""
-    def values(tag: str) -> str:
-        found = {r.tags[tag] for r in runs if r.tags.get(tag)}
-        numbers = sorted(int(v) for v in found if v.isdigit())
-        return str(numbers if len(numbers) == len(found) else sorted(found))
-
+    through ``sweep.id=`` included): the grid keys it varied, in the sweep's order, its
+    seeds, its points and runs, and its parent's status."""
     if not runs:
         return parent.data.tags.get("mlflow.note.content", "")
+    values: dict[str, set[str]] = {}
+    for run in runs:  # a sweep older than grid tags: its num_envs and n_steps tags
+        keys = configurations.grid_values(run.tags) or {
+            k: run.tags[k] for k in ("num_envs", "n_steps") if run.tags.get(k)}
+        for key, value in keys.items():
+            values.setdefault(key, set()).add(value)
+    rank = {k: i for i, k in enumerate(dict.fromkeys([*layout.keys, *configurations.SHORTHAND]))}
+    swept = sorted((k for k, found in values.items() if len(found) > 1),
+                   key=lambda k: (rank.get(k, len(rank)), k))
+    seeds = {str(r.seed) for r in runs if r.seed is not None}
+    axes = [f"{short_key(key)} {listed(values[key])}" for key in swept]
+    axes.append(f"seeds {listed(seeds)}")
+    points = len({r.tags.get(SWEEP_POINT) or r.run_id for r in runs})
+    attempts = f" ({len(runs)} runs)" if len(runs) != points else ""
     env = parent.data.params.get("sweep.env") or parent.data.tags.get("env", "")
-    grid = " × ".join(f"{tag} {values(tag)}" for tag in ("num_envs", "n_steps", "seed"))
     budget = parent.data.params.get("sweep.total_timesteps")
     steps = f" of {budget} steps" if budget else ""
-    return (f"Sweep {parent.data.tags.get(SWEEP_ID, '')} on {env}: {grid}, {len(runs)} point "
-            f"runs{steps}; parent run {parent.info.status}.")
+    return (f"Sweep {parent.data.tags.get(SWEEP_ID, '')} on {env}: {' × '.join(axes)}, "
+            f"{points} point{'' if points == 1 else 's'}{attempts}{steps}; parent run "
+            f"{parent.info.status}.")
+
+
+def short_key(key: str) -> str:
+    """``num_envs`` and ``n_steps`` for the shorthand axes (as the sweep's header names
+    them); any other grid key as written."""
+    return key.rsplit(".", 1)[-1] if key in configurations.SHORTHAND_KEYS else key
+
+
+def listed(values: Iterable[str]) -> str:
+    """``[1, 2, 16]``: a grid axis's values as written, numbers in numeric order."""
+    def order(value: str) -> tuple[int, float, str]:
+        try:
+            return 0, float(value), value
+        except ValueError:
+            return 1, 0.0, value
+    return "[" + ", ".join(sorted(values, key=order)) + "]"
 
 
 def build_report(
@@ -428,7 +483,7 @@ def build_report(
     name = name or selection.default_name()
     if not NAME_PATTERN.match(name):
         raise ConfigError(f"name={name!r}: use letters, digits, '.', '_' and '-' only")
-    description = sweep_description(parent, runs) if parent else ""
+    description = sweep_description(parent, runs, layout) if parent else ""
     across = configurations.analyse_across(points, options.targets, options.baseline,
                                            with_figure=with_figures) \
         if compares_configurations(runs, points, layout, options) else None
@@ -492,7 +547,7 @@ def task_sections(points: Sequence[Point], analysis: Tradeoff, with_figures: boo
             def curves(key: str, task_points: Sequence[Point] = task_points
                        ) -> list[figures.Curves]:
                 return [figures.Curves(p.setting, colors[p.label],
-                                       [r.metrics[key] for r in p.runs if key in r.metrics])
+                                       [r.metrics[key] for r in p.plotted if key in r.metrics])
                         for p in task_points]
 
             shown = (FigureFile(
@@ -599,7 +654,7 @@ def render_figures(points: Sequence[Point], thresholds: Thresholds,
 
     def curves(key: str) -> list[figures.Curves]:
         return [figures.Curves(p.label, colors[p.label],
-                               [r.metrics[key] for r in p.runs if key in r.metrics])
+                               [r.metrics[key] for r in p.plotted if key in r.metrics])
                 for p in points]
 
     out = [
@@ -668,7 +723,7 @@ def grid_cells(points: Sequence[Point]) -> dict[tuple[int, int], dict[str, float
     """(num_envs, n_steps) -> mean final reward, fps and wall time over that cell's runs."""
     by_cell: dict[tuple[int, int], list[RunRecord]] = {}
     for point in points:
-        for run in point.runs:
+        for run in point.scored:
             if run.num_envs is not None and run.n_steps is not None:
                 by_cell.setdefault((run.num_envs, run.n_steps), []).append(run)
     return {
@@ -682,10 +737,10 @@ def grid_cells(points: Sequence[Point]) -> dict[tuple[int, int], dict[str, float
 
 
 def time_split(point: Point) -> figures.TimeSplit:
-    """Mean rollout/update/eval seconds per iteration over the point's runs."""
+    """Mean rollout/update/eval seconds per iteration over the point's plotted runs."""
     def per_iteration(key: str) -> float:
         totals, iterations = 0.0, 0
-        for run in point.runs:
+        for run in point.plotted:
             s = run.metrics.get(key)
             rollout = run.metrics.get("time/rollout_s")
             if s is not None:

@@ -103,9 +103,10 @@ def ranking_blocks(report: Report) -> list[Block]:
     """The ranked table of points."""
     rows = []
     for rank, p in enumerate(report.points, start=1):
-        seeds = str(p.seeds) if p.seeds == len(p.runs) else f"{p.seeds} ({len(p.runs)} runs)"
+        counted = len(p.scored)
+        seeds = str(counted) if counted == len(p.runs) else f"{counted} ({len(p.runs)} runs)"
         reward = fmt(p.reward_mean, ".1f")
-        if len(p.runs) > 1 and not math.isnan(p.reward_std):
+        if counted > 1 and not math.isnan(p.reward_std):
             reward += f" ± {p.reward_std:.1f}"
         flag = " (diverged)" if p.diverged else ""
         rows.append((
@@ -127,8 +128,10 @@ def ranking_blocks(report: Report) -> list[Block]:
         *overlap_blocks(report),
         Block("p", "Ranked by final deterministic evaluation reward (mean over seeds, ± std "
                    "over seeds); equal rewards by training time (model.learn alone), fastest "
-                   "first. Points with NaN/inf in any metric rank below all others, then "
-                   "points with runs that did not finish."),
+                   "first. A point's figures count its FINISHED runs, one per seed (the last "
+                   "to end): a stopped attempt or a rerun of a seed is listed, never counted. "
+                   "Points with NaN/inf in any metric rank below all others, then points with "
+                   "a seed that did not finish."),
         Block("p", statistics_text(report)),
     ]
 
@@ -175,19 +178,26 @@ def statistics_text(report: Report) -> str:
 
 
 def overlap_blocks(report: Report) -> list[Block]:
-    """One sentence on which neighbours in the ranking the seeds do not separate."""
+    """One sentence on which neighbours in the ranking the seeds do not separate; the
+    ranking is said to hold only when every point has an interval (two seeds or more)."""
     if not report.tradeoff.seeds_compared:
         return [Block("p", "Confidence intervals need two seeds or more per point "
                            "(sweep.seeds); with one, the order shows single runs.")]
     ranks = {p.label: rank for rank, p in enumerate(report.points, start=1)}
+    single = [f"#{ranks[p.label]}" for p in report.points
+              if not (i := report.tradeoff.intervals.get(p.label)) or not i.known]
+    unsure = (f" {', '.join(single)} {'has' if len(single) == 1 else 'have'} fewer than two "
+              "finished seeds: no interval, so their places are single runs." if single else "")
     pairs = sorted({tuple(sorted((ranks[a], ranks[b])))
                     for a, others in report.tradeoff.overlaps.items() for b in others})
     if not pairs:
-        return [Block("p", "No two points' 95% intervals overlap: the ranking holds at "
-                           "these seeds.")]
+        verdict = ("No two points' 95% intervals overlap: the ranking holds at these seeds."
+                   if not single else
+                   "No two intervals of the points with two seeds or more overlap.")
+        return [Block("p", verdict + unsure)]
     listed = ", ".join(f"#{a} and #{b}" for a, b in pairs)
     return [Block("p", f"Not separated by the seeds (95% intervals overlap): {listed}. "
-                       "More seeds narrow the intervals.")]
+                       f"More seeds narrow the intervals.{unsure}")]
 
 
 def scaling_blocks(report: Report) -> list[Block]:

@@ -57,6 +57,12 @@ class PointLike(Protocol):
     @property
     def runs(self) -> Sequence[RunLike]: ...
 
+    @property
+    def scored(self) -> Sequence[RunLike]: ...  # FINISHED runs, one per seed
+
+    @property
+    def plotted(self) -> Sequence[RunLike]: ...  # what figures draw
+
 
 @dataclass(frozen=True)
 class TradeoffOptions:
@@ -122,10 +128,10 @@ def analyse(points: Sequence[PointLike], options: TradeoffOptions) -> Tradeoff:
         target, origin = target_for(first, options)
         result.targets.setdefault(task_of(first), target)
         result.target_origins.setdefault(task_of(first), origin)
-        rewards = [r.final_reward for r in point.runs if math.isfinite(r.final_reward)]
+        rewards = [r.final_reward for r in point.scored if math.isfinite(r.final_reward)]
         if rewards:
             result.intervals[point.label] = statistics.iqm_interval([rewards])
-        result.times[point.label] = statistics.point_target([r.metrics for r in point.runs],
+        result.times[point.label] = statistics.point_target([r.metrics for r in point.scored],
                                                             target)
     labels = list(result.intervals)
     for i, others in enumerate(statistics.overlapping([result.intervals[k] for k in labels])):
@@ -147,7 +153,7 @@ def ladder_points(points: Sequence[PointLike]) -> list[scaling.LadderRuns]:
         first = p.runs[0]
         if first.num_envs is not None and first.n_steps is not None:
             found.append(scaling.LadderRuns(task_of(first), first.num_envs, first.n_steps,
-                                            [r.metrics for r in p.runs]))
+                                            [r.metrics for r in p.scored]))
     return found
 
 
@@ -172,7 +178,7 @@ def suffix(text: str) -> str:
 def curve_figures(points: Sequence[PointLike], colors: Mapping[str, str]) -> list[Drawn]:
     """Return vs environment steps beside return vs training seconds (mean ± std band)."""
     steps = [figures.Curves(p.label, colors[p.label],
-                            [s for r in p.runs if (s := statistics.reward_series(r.metrics))])
+                            [s for r in p.plotted if (s := statistics.reward_series(r.metrics))])
              for p in points]
     seconds = [figures.Curves(p.label, colors[p.label], seconds_curves(p)) for p in points]
     if not any(c.series for c in seconds):
@@ -204,7 +210,7 @@ def seconds_curves(point: PointLike) -> list[Series]:
     k-th evaluation of every seed is placed at the seeds' mean training seconds at that
     evaluation (seeds that evaluated at other steps keep their own clock).
     """
-    pairs = [(r, c) for r in point.runs if (c := statistics.reward_vs_seconds(r.metrics))]
+    pairs = [(r, c) for r in point.plotted if (c := statistics.reward_vs_seconds(r.metrics))]
     found = [statistics.reward_series(r.metrics) for r, _ in pairs]
     steps = [s for s in found if s is not None]
     if len(pairs) < 2 or len(steps) < len(found) or any(
@@ -279,7 +285,7 @@ def profile_figures(points_by_task: Mapping[str, Sequence[PointLike]],
     """Performance profiles per task, of the points with >= 3 seeds."""
     out = []
     for task, task_points in points_by_task.items():
-        scores = {p.label: [r.final_reward for r in p.runs if math.isfinite(r.final_reward)]
+        scores = {p.label: [r.final_reward for r in p.scored if math.isfinite(r.final_reward)]
                   for p in task_points}
         scores = {k: v for k, v in scores.items() if len(v) >= statistics.MIN_PROFILE_RUNS}
         if not scores:
