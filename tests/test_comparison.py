@@ -12,12 +12,21 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 from workbench.cli import main
-from workbench.config import CONFIG_ID_TAG, ConfigError
+from workbench.config import (
+    CONFIG_ID_TAG,
+    DERIVED_FROM,
+    ConfigError,
+    derive,
+    interpolation_sources,
+    load_config,
+)
+from workbench.envs.calibration import VecEnvChoice
 from workbench.review import verdict
 from workbench.review.compare_request import parse_ref
 from workbench.review.diagnostics import Series
 from workbench.review.statistics import Interval, probability_of_improvement
 from workbench.tracking.manifest_diff import MISSING
+from workbench.training.describe import run_params
 
 from . import reportdata
 
@@ -86,6 +95,25 @@ def test_changed_config_lists_the_keys_that_differ_without_seeds() -> None:
         ("config", "algo.ent_coef", MISSING, "0.01"),
     ]
     assert verdict.changed_config(a, {**a, "seed": "7", "derived.env_seeds": "[7, 8]"}) == []
+    # What follows from the keys set comes after them, named with its sources.
+    marked = verdict.mark_derived(verdict.changed_config(a, b), {
+        **DERIVED_FROM, **interpolation_sources()})
+    assert [(d.section, d.key) for d in marked] == [
+        ("config", "algo.n_steps"), ("config", "env.num_envs"), ("config", "algo.ent_coef"),
+        ("derived", "derived.rollout_size <- env.num_envs, algo.n_steps, algo.train_freq")]
+
+
+@pytest.mark.unit
+def test_every_logged_derived_param_names_its_sources() -> None:
+    cfg = load_config([])
+    logged = {k for k in run_params(cfg, derive(cfg), 1) if k.startswith("derived.")}
+    assert logged | set(VecEnvChoice("dummy", "").params()) == set(DERIVED_FROM)
+
+
+@pytest.mark.unit
+def test_the_ppo_minibatch_follows_from_the_rollout() -> None:
+    assert interpolation_sources()["algo.batch_size"] == ("env.num_envs", "algo.n_steps")
+    assert "algo.batch_size" not in interpolation_sources(["env=inverted_pendulum"])  # set
 
 
 # --------------------------------------------------------------------------- verdict rules
@@ -102,6 +130,7 @@ def test_changed_config_lists_the_keys_that_differ_without_seeds() -> None:
     (Interval(0.75, 0.5, 1.0, 2), (2, 2),  # 0.5 inside the interval (its edge): no verdict
      "not distinguishable with 2 vs 2 seeds (PoI 0.75 [0.50, 1.00])"),
     (Interval(1.0, NAN, NAN, 1), (1, 1), "not distinguishable with 1 vs 1 seeds: run more seeds"),
+    (None, (1, 1), "not distinguishable with 1 vs 1 seeds: run more seeds"),
     (Interval(0.0, NAN, NAN, 1), (1, 3), "not distinguishable with 1 vs 3 seeds: run more seeds"),
     (None, (0, 2), "no verdict: A has no finished run with a return; compare runs that logged "
                    "one"),
@@ -145,8 +174,7 @@ def test_measures_score_each_seed_at_equal_steps_and_equal_seconds() -> None:
     # A's evaluations at 1 s, 3 s, 5 s; B's at 0.5 s and 1.5 s. Both reach 1.5 s.
     assert at_second.name == "eval/mean_reward at 1.5 s of training"
     assert at_second.a == pytest.approx((2.5, 5.0)) and at_second.b == (50.0,)
-    assert final.improvement is not None and final.improvement.estimate == 1.0
-    assert not final.improvement.known  # one seed on B: no interval
+    assert final.improvement is None  # one seed on B: no probability of improvement
 
 
 @pytest.mark.unit
@@ -239,6 +267,7 @@ def test_two_seeds_of_one_point_are_not_distinguishable(
     assert not re.search(r"^config ", out, re.M)  # one configuration: only the seed differs
     assert re.search(r"^time to -1e\+09 +\S", out, re.M)
     assert out.splitlines()[-1] == "not distinguishable with 1 vs 1 seeds: run more seeds"
+    assert re.search(r"^final evaluation return +\S+ +\S+ +n/a$", out, re.M)  # no P(B > A)
     # The config id is both seeds: the same runs as their sweep point.
     assert main(["compare", config, "tiny-grid/halfcheetah-ne1-ns64"]) == 2
     assert capsys.readouterr().err == (

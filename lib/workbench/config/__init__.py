@@ -40,10 +40,11 @@ from workbench.config.compose import (
     compose,
     conf_dir,
     group_options,
+    interpolation_sources,
     load_config,
     precheck,
 )
-from workbench.config.derived import Derived, derive
+from workbench.config.derived import DERIVED_FROM, Derived, derive
 from workbench.config.errors import ConfigError
 from workbench.config.identity import CONFIG_ID_TAG, config_id
 from workbench.config.schema import (
@@ -81,12 +82,14 @@ __all__ = [
     "SACConfig", "TD3Config", "TQCConfig",
     "GROUPS", "SCHEMA_NAME", "Activation", "AlgoConfig", "Device", "Schedule", "SweepExecutor",
     "VecEnvBackend", "CheckpointConfig", "CONFIG_ID_TAG", "ConfigError", "ConsoleConfig",
-    "Derived", "EnvConfig", "EvalConfig", "InitConfig", "PolicyConfig", "RandomizationConfig",
+    "DERIVED_FROM", "Derived", "EnvConfig", "EvalConfig", "InitConfig", "PolicyConfig",
+    "RandomizationConfig",
     "RayConfig", "ReproConfig", "SearchConfig", "SweepConfig", "TrackingConfig",
     "TuneAggregate", "TuneConfig", "TuneObjective", "TunePruner", "TuneSampler", "VideoConfig",
     "WorkbenchConfig",
     "MAX_NAME_LENGTH", "MAX_TAG_VALUE_LENGTH", "check_names",
     "check_overrides", "check_values", "compose", "conf_dir", "config_id", "derive", "flatten",
     "from_yaml",
-    "group_options", "load_config", "precheck", "schema_type", "to_dict", "to_yaml", "validate",
+    "group_options", "interpolation_sources", "load_config", "precheck", "schema_type",
+    "to_dict", "to_yaml", "validate",
 ]

@@ -11,6 +11,7 @@ exit code 2 before any environment or MLflow run exists.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Sequence
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from workbench.config.errors import ConfigError
 from workbench.config.schema import WorkbenchConfig, schema_field
 
 SCHEMA_NAME = "workbench_schema"
+INTERPOLATED_KEY = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")  # ${env.num_envs} inside a value
 GROUPS = ("env", "algo", "tuning", "experiment", "sweep", "search", "tracking", "video",
           "debug")
 
@@ -96,6 +98,23 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
         raise
     except Exception as exc:  # Hydra wraps OmegaConf errors in several exception types
         raise ConfigError(describe_hydra_error(exc, overrides)) from exc
+
+
+def interpolation_sources(overrides: Sequence[str] = ()) -> dict[str, tuple[str, ...]]:
+    """Config keys whose value follows from other keys, each with the keys it reads: an
+    interpolation such as conf/algo/ppo.yaml's ``batch_size:
+    ${minibatch:${env.num_envs},${algo.n_steps},2}`` in the composition of ``overrides``."""
+    found: dict[str, tuple[str, ...]] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        elif isinstance(node, str) and "${" in node:
+            found[prefix.rstrip(".")] = tuple(dict.fromkeys(INTERPOLATED_KEY.findall(node)))
+
+    walk(OmegaConf.to_container(compose(overrides), resolve=False), "")
+    return found
 
 
 def schema_node() -> DictConfig:

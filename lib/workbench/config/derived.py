@@ -13,6 +13,21 @@ from dataclasses import dataclass
 from workbench.config.algorithms import A2CConfig, OffPolicyConfig, PPOConfig
 from workbench.config.schema import WorkbenchConfig
 
+# The config keys each logged ``derived.*`` param follows from (training.describe's run_params;
+# derived.vec_env is env.vec_env=auto's choice, workbench.envs.calibration), so a comparison
+# can say which of its differences were set and which follow from them.
+DERIVED_FROM: dict[str, tuple[str, ...]] = {
+    "derived.rollout_size": ("env.num_envs", "algo.n_steps", "algo.train_freq"),
+    "derived.minibatches_per_epoch": ("derived.rollout_size", "algo.batch_size"),
+    "derived.gradient_steps_per_iteration": ("derived.minibatches_per_epoch", "algo.n_epochs",
+                                             "algo.gradient_steps"),
+    "derived.iterations": ("total_timesteps", "derived.log_every_steps"),
+    "derived.log_every_steps": ("derived.rollout_size", "total_timesteps"),
+    "derived.env_seeds": ("seed", "env.num_envs"),
+    "derived.torch_threads": ("torch_threads", "env.num_envs", "env.vec_env"),
+    "derived.vec_env": ("env.vec_env", "env.num_envs", "env.id", "env.randomization"),
+}
+
 
 @dataclass(frozen=True)
 class Derived:

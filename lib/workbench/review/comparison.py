@@ -21,7 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from workbench.config import CONFIG_ID_TAG, ConfigError, load_config
+from workbench.config import (
+    CONFIG_ID_TAG,
+    DERIVED_FROM,
+    ConfigError,
+    interpolation_sources,
+    load_config,
+)
 from workbench.console import printable_lines
 from workbench.review import verdict
 from workbench.review.compare_request import SYNTAX, Ref, check_arguments, parse_ref
@@ -211,8 +217,24 @@ def compare(client: MlflowClient, a: Ref, b: Ref, *, store: str, target: float |
     if target is not None:
         targets = (point_target([r.metrics for r in side_a.runs], target),
                    point_target([r.metrics for r in side_b.runs], target))
-    return Comparison(side_a, side_b, verdict.changed_config(first_a.params, first_b.params),
-                      environment, verdict.measures(side_a.runs, side_b.runs), targets, tasks)
+    changed = verdict.mark_derived(verdict.changed_config(first_a.params, first_b.params),
+                                   {**DERIVED_FROM, **composed_sources(first_a),
+                                    **composed_sources(first_b)})
+    return Comparison(side_a, side_b, changed, environment,
+                      verdict.measures(side_a.runs, side_b.runs), targets, tasks)
+
+
+def composed_sources(run: RunRecord) -> dict[str, tuple[str, ...]]:
+    """The keys of the run's config that follow from others (``algo.batch_size``'s
+    interpolation), from its composition again with its manifest's overrides; none when the
+    run has no manifest or its overrides no longer compose (a config group since removed)."""
+    overrides = ((run.manifest or {}).get("run") or {}).get("overrides")
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        return {}
+    try:
+        return interpolation_sources([o for o in overrides if not o.startswith("resume=")])
+    except ConfigError:
+        return {}
 
 
 def open_comparison(a: str, b: str, *, sweep_id: str = "", target: float | None = None,
@@ -271,7 +293,7 @@ def measure_rows(comparison: Comparison) -> list[list[str]]:
         poi = m.improvement
         rows.append([m.name, scored(m.a_iqm, len(m.a), len(final.a)),
                      scored(m.b_iqm, len(m.b), len(final.b)),
-                     verdict.poi_text(poi).removeprefix("PoI ") if poi else "-"])
+                     verdict.poi_text(poi).removeprefix("PoI ") if poi else "n/a"])
     if comparison.targets is not None:
         ta, tb = comparison.targets
         rows.append([f"time to {ta.target:g}", ta.text(), tb.text(), "-"])

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -37,6 +37,7 @@ from workbench.review.statistics import (
 )
 from workbench.tracking.manifest_diff import Difference, diff_configs
 
+MIN_SEEDS = 2  # per side, for P(B > A): with one seed it only restates two runs' order
 # Params that differ between the seeds of one configuration: never "what changed".
 SEED_KEYS = ("seed", "derived.env_seeds")
 
@@ -66,6 +67,23 @@ def changed_config(a: Mapping[str, str], b: Mapping[str, str]) -> list[Differenc
 def without_seeds(params: Mapping[str, str]) -> dict[str, str]:
     """``params`` without :data:`SEED_KEYS`."""
     return {k: v for k, v in params.items() if k not in SEED_KEYS}
+
+
+def mark_derived(diffs: Sequence[Difference], sources: Mapping[str, Sequence[str]]
+                 ) -> list[Difference]:
+    """The differences with those that follow from other keys (a ``derived.*`` param, an
+    interpolated key: ``sources`` maps each to the keys it reads) moved after the keys that
+    were set, in section ``derived`` and named with what they follow from:
+    ``algo.batch_size <- env.num_envs, algo.n_steps``."""
+    set_keys, followed = [], []
+    for d in diffs:
+        origin = sources.get(d.key) if d.section == "config" else None
+        if origin:
+            followed.append(replace(d, section="derived",
+                                    key=f"{d.key} <- {', '.join(origin)}"))
+        else:
+            set_keys.append(d)
+    return set_keys + followed
 
 
 # --------------------------------------------------------------------------- scores per seed
@@ -153,8 +171,9 @@ class Measure:
 
     @property
     def improvement(self) -> Interval | None:
-        """P(B > A) with its interval (None: a side has no score)."""
-        if not (self.a and self.b):
+        """P(B > A) with its interval (None: a side has fewer than two seeds' scores, where a
+        probability would only restate the order of two runs)."""
+        if min(len(self.a), len(self.b)) < MIN_SEEDS:
             return None
         return probability_of_improvement([self.b], [self.a])
 
@@ -193,11 +212,11 @@ def verdict(improvement: Interval | None, seeds_a: int, seeds_b: int) -> str:
     """One line: whether B is better or worse than A, or not distinguishable with these
     seeds (``improvement`` is P(B > A) of the final return; None: a side has no score)."""
     counted = f"{seeds_a} vs {seeds_b} seeds"
-    if improvement is None or not (seeds_a and seeds_b):
+    if not (seeds_a and seeds_b):
         lacking = [side for side, seeds in (("A", seeds_a), ("B", seeds_b)) if not seeds]
         has = "A and B have" if len(lacking) != 1 else f"{lacking[0]} has"
         return f"no verdict: {has} no finished run with a return; compare runs that logged one"
-    if not improvement.known:
+    if improvement is None or not improvement.known:
         return f"not distinguishable with {counted}: run more seeds"
     shown = poi_text(improvement)
     direction = improvement_direction(improvement)
