@@ -343,6 +343,44 @@ def test_a_run_of_an_env_without_rendering_does_not_blame_opengl(
     assert "OpenGL" not in warning + recorder.summary(1.0)
 
 
+class Faulty(Blind):
+    """A task whose own render() has a bug."""
+
+    metadata = {"render_modes": ["rgb_array"]}  # noqa: RUF012  (gymnasium's class attribute)
+    render_mode = "rgb_array"
+
+    def render(self) -> np.ndarray:
+        return np.zeros((4, 4, 3), np.uint8) / 0 if self.broken() else np.zeros(1)
+
+    def broken(self) -> bool:
+        raise KeyError("camera 'head' not in the model")
+
+
+@pytest.mark.unit
+def test_an_exception_in_an_envs_render_is_not_blamed_on_opengl(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from stable_baselines3.common.vec_env import DummyVecEnv
+    from workbench.config import VideoConfig
+    from workbench.training.video import VideoRecorder
+
+    venv = DummyVecEnv([lambda: gymnasium.wrappers.TimeLimit(Faulty(), 10)])
+    recorder = VideoRecorder(VideoConfig(), client=None, run_id="run")
+
+    class Model:
+        def predict(self, obs: np.ndarray, deterministic: bool) -> tuple[np.ndarray, None]:
+            return np.zeros((len(obs), 1), dtype=np.float32), None
+
+    assert recorder.record(Model(), venv, venv, "replay") is None
+    line = Faulty.broken.__code__.co_firstlineno + 1
+    assert capsys.readouterr().err == (
+        "workbench: warning: no video: the env's render() raised KeyError: \"camera 'head' not "
+        f"in the model\" (at test_security_store.py:{line}), which is not an OpenGL problem: "
+        "fix the env's render(), or record no video (video=off); the run goes on without "
+        "video\n")
+    assert recorder.summary(1.0) == "none (the env's render() failed, see the warning above)"
+
+
 # What str() of a RayTaskError gives when a point's worker is refused by the team server: Ray's
 # coloured header, the remote traceback, the exception line with the HTTP status last.
 RAY_401 = (

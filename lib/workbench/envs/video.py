@@ -157,7 +157,7 @@ class FrameSource:
         if not self.started:
             failure = self.start()
             if failure is not None:
-                raise RenderingUnavailable(failure)
+                raise failure
         image = np.asarray(render_or_explain(self.env.render))
         if image.ndim != 3 or image.shape[2] < 3:
             raise RenderingUnavailable(f"render returned an array of shape {image.shape}, "
@@ -168,7 +168,7 @@ class FrameSource:
             image = np.asarray(Image.fromarray(image).resize(size, Image.Resampling.BILINEAR))
         return image
 
-    def start(self) -> str | None:
+    def start(self) -> RenderingUnavailable | None:
         """Make the OpenGL context (the first frame, dropped); why it failed, or None.
 
         A renderer whose context failed half-way complains again from ``__del__`` when it
@@ -176,7 +176,7 @@ class FrameSource:
         messages dropped, so the run prints one line about it and not a traceback.
         """
         if opengl.unusable() is not None:
-            return f"{opengl.unusable()}; {BACKEND_HINT}"
+            return RenderingUnavailable(f"{opengl.unusable()}; {BACKEND_HINT}")
         # A closed env's MuJoCo render context (gymnasium frees its OpenGL context on close,
         # its MjrContext only when collected) deletes its framebuffers by id in whatever
         # context is current when it is collected: ours would then render black frames. So
@@ -188,7 +188,7 @@ class FrameSource:
             try:
                 render_or_explain(self.env.render)
             except RenderingUnavailable as exc:
-                failure: str | None = str(exc)
+                failure: RenderingUnavailable | None = type(exc)(str(exc))  # no traceback
             else:
                 failure = None
             gc.collect()

@@ -38,6 +38,37 @@ class NotRenderable(RenderingUnavailable):
     reason = "the env has no rendering"
 
 
+class RenderFailed(RenderingUnavailable):
+    """The env's own ``render()`` raised: a bug of the env, not of the OpenGL backend."""
+
+    reason = "the env's render() failed"
+
+
+# Where an OpenGL failure is raised from: MuJoCo's bindings and contexts, PyOpenGL, GLFW and
+# gymnasium's MuJoCo renderer. An exception raised anywhere else came from the env's code.
+RENDERING_MODULES = ("mujoco", "OpenGL", "glfw", "gymnasium.envs.mujoco.mujoco_rendering")
+
+
+def raised_in(exc: BaseException) -> tuple[str, str]:
+    """The module and ``file:line`` of the innermost Python frame ``exc`` passed through."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return "", "?"
+    frame = tb.tb_frame
+    where = f"{os.path.basename(frame.f_code.co_filename)}:{tb.tb_lineno}"
+    return str(frame.f_globals.get("__name__", "")), where
+
+
+def is_backend_failure(exc: BaseException) -> bool:
+    """True when ``exc`` came from the rendering stack (or is MuJoCo's own FatalError)."""
+    if type(exc).__name__ == "FatalError" or isinstance(exc, ImportError):
+        return True
+    module, _ = raised_in(exc)
+    return any(module == name or module.startswith(name + ".") for name in RENDERING_MODULES)
+
+
 def prefer_offscreen_backend() -> None:
     """Choose ``MUJOCO_GL`` on a machine without a display, unless the user chose: ``egl``,
     or ``osmesa`` where only Mesa's software library is installed.
@@ -66,14 +97,20 @@ def warn_no_display() -> None:
 
 
 def render_or_explain(render: Callable[[], Any]) -> Any:
-    """Call ``render``; an OpenGL failure becomes :class:`RenderingUnavailable` with a fix."""
+    """Call ``render``; an OpenGL failure becomes :class:`RenderingUnavailable` with a fix,
+    an exception of the env's own code :class:`RenderFailed` naming where it was raised."""
     try:
         return render()
     except RenderingUnavailable:
         raise
     except Exception as exc:  # mujoco.FatalError, ImportError, RuntimeError, AttributeError
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        if not is_backend_failure(exc):
+            raise RenderFailed(
+                f"the env's render() raised {type(exc).__name__}: {text} (at "
+                f"{raised_in(exc)[1]}), which is not an OpenGL problem: fix the env's render(), "
+                "or record no video (video=off)") from exc
         backend = os.environ.get("MUJOCO_GL", "unset")
         raise RenderingUnavailable(
-            f"render failed with MUJOCO_GL={backend} ({type(exc).__name__}: "
-            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); {BACKEND_HINT}"
-        ) from exc
+            f"render failed with MUJOCO_GL={backend} ({type(exc).__name__}: {text}); "
+            f"{BACKEND_HINT}") from exc
