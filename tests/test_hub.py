@@ -25,6 +25,7 @@ from typing import Any
 
 import huggingface_hub.constants
 import numpy as np
+import onnx
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
@@ -32,7 +33,7 @@ from safetensors.torch import load_file
 from stable_baselines3 import PPO
 from workbench import cli, config
 from workbench.config import ConfigError
-from workbench.deploy import hub
+from workbench.deploy import contract, hub, runner
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_envs
 from workbench.training import bundle_format, load_config, train
@@ -44,7 +45,8 @@ from .trained_run import HF_TEST_TOKEN, NORMALIZED, ExportedPolicy
 TOKEN = HF_TEST_TOKEN
 REPO = "test-org/tiny-ppo"
 BUNDLE = {"README.md", "bundle.json", "config.yaml", "export_report.json",
-          "normalization.json", "policy.onnx", "samples.npz", "weights.safetensors", "replay.mp4"}
+          "normalization.json", "policy.onnx", "runner.py", "samples.npz",
+          "weights.safetensors", "replay.mp4"}
 
 
 # --------------------------------------------------------------------------- stand-in Hub
@@ -222,6 +224,9 @@ def test_push_uploads_bundle_card_and_tags_run(
     index = json.loads(files["bundle.json"])
     assert index["files"] == {n: hashlib.sha256(files[n]).hexdigest()
                               for n in files if n != "bundle.json"}
+    inside = {p.key: p.value for p in onnx.load_from_string(files["policy.onnx"]).metadata_props}
+    assert index["contract"] == json.loads(inside[runner.CONTRACT_KEY])
+    assert files["runner.py"] == contract.runner_source()
     card = files["README.md"].decode()
     mean, std = (run.data.metrics["summary/eval_mean_reward"],
                  run.data.metrics["summary/eval_std_reward"])
@@ -233,6 +238,9 @@ def test_push_uploads_bundle_card_and_tags_run(
         f"value: {mean:.2f} +/- {std:.2f}", exported_run.run_id,
         "From the run's manifest.json:" if has_manifest else "The run has no manifest.json",
         "## Replay", '<video controls loop muted src="replay.mp4"', "| `replay.mp4` | replay video",
+        "python runner.py policy.onnx --show-contract", "`runner.py` runs the policy at the "
+        "contract's rate", "(workbench-policy-contract/1: 17 observation values in 17 entries, "
+        "6 actions, 20 Hz;",
         f"workbench hub pull --repo-id {REPO} --revision {hub.COMMIT_PLACEHOLDER}",
     ]:
         assert expected in card, expected

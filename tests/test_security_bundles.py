@@ -279,7 +279,7 @@ def test_export_of_a_bundle_folder_with_a_link_is_refused(
 
 INDEX_CASES: list[tuple[str, Callable[[dict], None], str]] = [
     ("files as a list", lambda i: i.update(files=sorted(i["files"])),
-     "bundle.json: files is a list of 9, expected an object"),
+     "bundle.json: files is a list of 10, expected an object"),
     ("hash not hex", lambda i: i["files"].update({"policy.onnx": "x" * 64}),
      "the sha256 of policy.onnx is"),
     ("unknown key", lambda i: i.update(run_script="rm -rf /"), "unknown key 'run_script'"),
@@ -290,6 +290,18 @@ INDEX_CASES: list[tuple[str, Callable[[dict], None], str]] = [
     ("manifest flag lies", lambda i: i.update(manifest=not i["manifest"]), "manifest="),
     ("required file unlisted", lambda i: i["files"].pop("samples.npz"),
      "bundle.json does not list samples.npz"),
+    ("older format", lambda i: i.update(format="workbench-policy-bundle/1"),
+     "bundle.json: format 'workbench-policy-bundle/1' is older than "
+     "'workbench-policy-bundle/2': it carries no contract and no runner"),
+    ("contract not an object", lambda i: i.update(contract="{}"),
+     'bundle.json: contract is "{}", expected an object'),
+    ("contract of a newer format", lambda i: i["contract"].update(
+        format="workbench-policy-contract/9"), "contract: format: workbench-policy-contract/9 "
+     "is newer than this reader's workbench-policy-contract/1"),
+    ("contract not the graph's", lambda i: i["contract"]["action"]["entries"][0].update(
+        name="gas_pedal"), "bundle.json's contract is not the one inside policy.onnx "
+     "(action.entries[0].name: bundle.json says \"gas_pedal\", policy.onnx says "
+     "\"bthigh\")"),
 ]
 
 
@@ -301,6 +313,15 @@ def test_malformed_index_is_one_line(
 ) -> None:
     code, err = pull(place, "evil/index", reindexed(genuine, change), capsys)
     assert_refused(code, err, place, expected)
+
+
+def test_a_runner_other_than_the_workbenchs_is_refused_and_never_run(
+    genuine: Files, place: Place, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """runner.py goes to robots: the bundle's author does not get to write it."""
+    trojan = f"import {place.sentinel}\n".encode() + genuine["runner.py"]
+    code, err = pull(place, "evil/runner", reindexed({**genuine, "runner.py": trojan}), capsys)
+    assert_refused(code, err, place, "runner.py is not the runner this workbench writes")
 
 
 def test_duplicate_keys_and_deep_nesting_are_refused(

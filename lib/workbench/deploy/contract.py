@@ -28,10 +28,10 @@ from workbench.config import ConfigError
 from workbench.deploy import runner
 from workbench.envs.contract import env_contract
 from workbench.envs.spec import EnvSpec
+from workbench.training.bundle_format import RUNNER_FILE as RUNNER_FILE  # beside the files
 from workbench.training.model import PolicySource
 
 TORCHSCRIPT_FILE = "contract.json"  # the extra file of policy.pt holding the contract
-RUNNER_FILE = "runner.py"  # the standalone runner, written next to the exported files
 # The fields a policy's contract must share with its run and env, in the order they are
 # compared; versions and the origin's wording may differ between machines.
 COMPARED = ("env_id", "observation", "action", "commands", "normalization", "control",
@@ -125,12 +125,14 @@ def runner_source() -> bytes:
 # --------------------------------------------------------------------------- comparing
 
 
-def mismatch(found: Mapping[str, Any], expected: Mapping[str, Any]) -> str | None:
+def mismatch(found: Mapping[str, Any], expected: Mapping[str, Any],
+             sides: tuple[str, str] = ("the contract says", "the run and its env say")
+             ) -> str | None:
     """The first field of :data:`COMPARED` where the contract ``found`` differs from
-    ``expected`` (the run's and its env's), as ``field: the contract says A, the run and its
-    env say B``; None when they agree."""
+    ``expected``, as ``field: the contract says A, the run and its env say B`` (``sides``:
+    the two phrases); None when they agree."""
     for path in COMPARED:
-        difference = first_difference(lookup(found, path), lookup(expected, path), path)
+        difference = first_difference(lookup(found, path), lookup(expected, path), path, sides)
         if difference is not None:
             return difference
     return None
@@ -143,26 +145,28 @@ def lookup(contract: Mapping[str, Any], path: str) -> Any:
     return value
 
 
-def first_difference(found: Any, expected: Any, where: str) -> str | None:
+def first_difference(found: Any, expected: Any, where: str, sides: tuple[str, str]
+                     ) -> str | None:
     """Where two JSON values first differ (numbers equal within 1e-9 relative)."""
     if isinstance(expected, Mapping) and isinstance(found, Mapping):
         for key in [*expected, *(k for k in found if k not in expected)]:
-            difference = first_difference(found.get(key), expected.get(key), f"{where}.{key}")
+            difference = first_difference(found.get(key), expected.get(key), f"{where}.{key}",
+                                          sides)
             if difference is not None:
                 return difference
         return None
     if isinstance(expected, list) and isinstance(found, list):
         if len(found) != len(expected):
-            return (f"{where}: the contract has {len(found)} entries, the run and its env "
+            return (f"{where}: {sides[0]} {len(found)} entries, {sides[1]} "
                     f"{len(expected)}")
         for i, (a, b) in enumerate(zip(found, expected, strict=True)):
-            difference = first_difference(a, b, f"{where}[{i}]")
+            difference = first_difference(a, b, f"{where}[{i}]", sides)
             if difference is not None:
                 return difference
         return None
     if same_value(found, expected):
         return None
-    return f"{where}: the contract says {shown(found)}, the run and its env say {shown(expected)}"
+    return f"{where}: {sides[0]} {shown(found)}, {sides[1]} {shown(expected)}"
 
 
 def same_value(a: Any, b: Any) -> bool:

@@ -28,8 +28,16 @@ import numpy as np
 from workbench import config, console
 from workbench.config import ConfigError, WorkbenchConfig
 from workbench.config.compose import hydra_value
-from workbench.deploy import export, graph
-from workbench.deploy.contract import Provenance, normalization_stats
+from workbench.deploy import export, graph, runner
+from workbench.deploy.contract import (
+    RUNNER_FILE,
+    Provenance,
+    mismatch,
+    normalization_stats,
+    read_contract,
+    runner_source,
+    summary_line,
+)
 from workbench.tracking.metric_keys import ROBUSTNESS_LATEST_TAG, robustness_tag
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import set_tags
@@ -60,7 +68,10 @@ from workbench.training.bundle_format import (
 # What a bundle holds, and what each file is (model card and `workbench hub pull` output).
 BUNDLE_FILES = {
     "policy.onnx": "raw observation -> deterministic action; normalization and action "
-    "clipping inside the graph (dynamic batch axis)",
+    "clipping inside the graph (dynamic batch axis); its contract in metadata_props",
+    RUNNER_FILE: "the standalone runner (numpy and onnxruntime only): `python runner.py "
+    "policy.onnx --show-contract`, or `--connect HOST:PORT` to serve a robot's driver at the "
+    "control rate",
     "weights.safetensors": "SB3 policy state dict (actor and critics), for "
     "training from this policy (init.hub_repo_id)",
     "normalization.json": "VecNormalize observation statistics: mean, var, count, epsilon, "
@@ -121,8 +132,9 @@ def write_bundle(client: Any, run_id: str, folder: Path, repo_id: str | None = N
     work = folder.parent / "download"
     run = export.get_run(client, run_id)
     exported = Path(client.download_artifacts(run_id, export.ARTIFACT_DIR, str(work)))
-    for name in ("policy.onnx", "samples.npz", "export_report.json"):
+    for name in ("policy.onnx", "samples.npz", "export_report.json", RUNNER_FILE):
         shutil.copy(exported / name, folder / name)
+    shipped = read_contract(folder / "policy.onnx", f"run {run_id} export/policy.onnx").raw
     replay_video = copy_replay_video(exported, folder)
     source = export.load_run(client, run_id, work / "model-download", allowed_modules)
     state = {k: v.detach().cpu().contiguous() for k, v in source.model.policy.state_dict().items()}
@@ -150,6 +162,7 @@ def write_bundle(client: Any, run_id: str, folder: Path, repo_id: str | None = N
         "onnx_opset": report["graph"]["onnx_opset"],
         "manifest": manifest is not None,
         "init_hub_commit": run.data.params.get("init.hub_commit"),
+        "contract": shipped,
     }
     card = model_card(index, source.config, report, manifest, replay_video=replay_video,
                       repo_id=repo_id, robustness=robustness_lines(run.data.tags))
@@ -294,6 +307,19 @@ def model_card(
         "",
         "## Use",
         "",
+        "What the robot must send and may expect is the policy's contract"
+        + (f" ({summary_line(index['contract'])})" if index.get("contract") else "")
+        + f", inside `policy.onnx` and `{INDEX_NAME}`. "
+        f"`{RUNNER_FILE}` runs the policy at the contract's rate, checking every observation "
+        "and action against it; it needs only numpy and onnxruntime:",
+        "",
+        "```bash",
+        f"python {RUNNER_FILE} policy.onnx --show-contract      # every entry, unit and range",
+        f"python {RUNNER_FILE} policy.onnx --connect HOST:PORT  # serve the robot's driver",
+        "```",
+        "",
+        "Or call the graph yourself:",
+        "",
         "```python",
         "import numpy as np, onnxruntime as ort",
         'session = ort.InferenceSession("policy.onnx")',
@@ -429,9 +455,36 @@ def verify_bundle(checked: CheckedBundle) -> dict[str, Any]:
             f"{checked.label}: ONNX Runtime differs from the shipped sample actions by "
             f"{onnx_diff:.2e} (> {PARITY_TOLERANCE:.0e})"
         )
+    contract_line = check_contract_and_runner(checked, session)
     checks = checks_summary(checked, check_weights(checked))
     return {**checks, "onnx": f"checker ok, opset {checked.index.onnx_opset}",
-            "onnx_max_abs_diff": onnx_diff}
+            "onnx_max_abs_diff": onnx_diff, "contract": contract_line}
+
+
+def check_contract_and_runner(checked: CheckedBundle, session: Any) -> str:
+    """``bundle.json``'s contract is well-formed and the very one inside ``policy.onnx``
+    (whose input and output it fits), and ``runner.py`` is byte for byte this workbench's
+    runner: a runner is run on robots, so the bundle's author does not get to write it."""
+    label = checked.label
+    try:
+        shipped = runner.parse_contract(json.dumps(checked.index.contract))
+        text = session.get_modelmeta().custom_metadata_map.get(runner.CONTRACT_KEY)
+        if text is None:
+            raise runner.ContractError(f"policy.onnx carries no {runner.CONTRACT_KEY}")
+        runner.check_graph(session, shipped)
+        inside = runner.parse_contract(text)
+    except runner.ContractError as exc:
+        raise BundleRefused(label, f"contract: {exc}") from exc
+    difference = mismatch(shipped.raw, inside.raw, (f"{INDEX_NAME} says", "policy.onnx says"))
+    if difference is not None or inside.raw["versions"] != shipped.raw["versions"]:
+        raise BundleRefused(label, f"{INDEX_NAME}'s contract is not the one inside policy.onnx "
+                            f"({difference or 'versions'})")
+    if (checked.directory / RUNNER_FILE).read_bytes() != runner_source():
+        raise BundleRefused(label, f"{RUNNER_FILE} is not the runner this workbench writes "
+                            "(edited, or written by another workbench version); the runner "
+                            "goes to robots, so only the known one is accepted")
+    return (f"{shipped.raw['format']} in {INDEX_NAME} and policy.onnx; {RUNNER_FILE} is this "
+            "workbench's runner")
 
 
 def check_onnx(path: Path, label: str) -> None:
@@ -535,10 +588,10 @@ def push(
     check_can_push()
     client = export.open_store(tracking_uri)
     export.get_run(client, run_id)
-    if f"{export.ARTIFACT_DIR}/policy.onnx" not in {
-        a.path for a in client.list_artifacts(run_id, export.ARTIFACT_DIR)
-    }:
-        print(f"run {run_id} has no export yet: exporting and verifying first")
+    exported = {a.path for a in client.list_artifacts(run_id, export.ARTIFACT_DIR)}
+    if not {f"{export.ARTIFACT_DIR}/{n}" for n in ("policy.onnx", RUNNER_FILE)} <= exported:
+        print(f"run {run_id} has no export with a contract and runner yet: exporting and "
+              "verifying first")
         result = export.export_run(run_id, tracking_uri=tracking_uri,
                                    allowed_modules=allowed_modules)
         print(export.format_report(result.report))
@@ -615,6 +668,7 @@ def print_pull(bundle: PulledBundle) -> None:
         ("integrity", "sha256 of every file matches bundle.json"),
         ("manifest", checks["manifest"]),
         ("onnx", checks["onnx"]),
+        ("contract", checks["contract"]),
         ("parity", f"{checks['samples']} samples: ONNX Runtime {checks['onnx_max_abs_diff']:.2e}, "
                    f"safetensors weights {checks['weights_max_abs_diff']:.2e} "
                    f"(<= {PARITY_TOLERANCE:.0e})"),

@@ -9,6 +9,8 @@ environment or loads a weight:
 - ``bundle.json``: exactly the keys :func:`workbench.deploy.hub.write_bundle` writes, each
   with its type; ``files`` a mapping of known bundle file names to SHA-256 hex digests, and
   the directory holds exactly those files and the index (an unlisted file is refused by name);
+  its ``contract`` (the policy's, as in ``policy.onnx``) and ``runner.py`` are checked by
+  :func:`workbench.deploy.hub.verify_bundle`, which knows their format;
 - ``config.yaml``: the normal schema and range checks, no YAML anchors or interpolations,
   bounds on what verification would allocate (:func:`check_pulled_config`), and an env id
   resolved against gymnasium's registry without importing anything
@@ -43,16 +45,19 @@ from workbench import config
 from workbench.config import ConfigError, Device, OffPolicyConfig, WorkbenchConfig
 from workbench.envs import checks, randomization
 
-BUNDLE_FORMAT = "workbench-policy-bundle/1"
+BUNDLE_FORMAT = "workbench-policy-bundle/2"
+# Before bundles carried the policy's contract and runner: refused, with what to do.
+OLDER_FORMATS = frozenset({"workbench-policy-bundle/1"})
+RUNNER_FILE = "runner.py"  # the standalone runner (never run by the workbench)
 INDEX_NAME = "bundle.json"
 CARD_NAME = "README.md"
 REQUIRED_FILES = frozenset({CARD_NAME, "config.yaml", "export_report.json", "normalization.json",
-                            "policy.onnx", "samples.npz", "weights.safetensors"})
+                            "policy.onnx", RUNNER_FILE, "samples.npz", "weights.safetensors"})
 # The replay video (the SB3 zoo's name): the export's ONNX-driven episode, when the run has one.
 REPLAY_VIDEO = "replay.mp4"
 OPTIONAL_FILES = frozenset({"manifest.json", REPLAY_VIDEO})  # manifest: when the run had one
 TEXT_FILES = frozenset({INDEX_NAME, CARD_NAME, "config.yaml", "export_report.json",
-                        "normalization.json", "manifest.json"})
+                        "normalization.json", "manifest.json", RUNNER_FILE})
 SAMPLE_ARRAYS = ("observations", "actions")
 # The Hub adds .gitattributes to every new repository: skipped, never read or copied.
 HUB_FILES = frozenset({".gitattributes"})
@@ -60,7 +65,7 @@ HUB_FILES = frozenset({".gitattributes"})
 # Bounds on what a pulled bundle may make this process read or allocate. A real bundle is
 # about 1 MiB (the default network's weights and ONNX graph, ~0.3 MiB each); the limits leave
 # room for networks a hundred times larger and stop a hostile one before it costs anything.
-MAX_ENTRIES = 16  # the format has 10 files; more is refused before any is read
+MAX_ENTRIES = 16  # the format has 11 files; more is refused before any is read
 MAX_FILE_BYTES = 64 << 20  # one weights file or ONNX graph: ~16M float32 parameters
 MAX_TEXT_BYTES = 1 << 20  # JSON/YAML/Markdown: a Humanoid normalization.json is ~20 KiB
 REPLAY_VIDEO_MAX_BYTES = 20 << 20  # the default video is ~0.1 MiB; a bundle is not a film
@@ -120,6 +125,7 @@ class BundleIndex:
     onnx_opset: int
     manifest: bool
     init_hub_commit: str | None
+    contract: dict[str, Any]  # the policy's contract (checked by the deploy layer)
     files: dict[str, str]  # file name -> sha256 hex
 
 
@@ -130,7 +136,7 @@ INDEX_SCHEMA: dict[str, tuple[tuple[type, ...], bool]] = {
     "num_timesteps": ((int,), False), "eval_mean_reward": ((int, float), True),
     "eval_std_reward": ((int, float), True), "eval_episodes": ((int,), False),
     "onnx_opset": ((int,), False), "manifest": ((bool,), False),
-    "init_hub_commit": ((str,), True), "files": ((dict,), False),
+    "init_hub_commit": ((str,), True), "contract": ((dict,), False), "files": ((dict,), False),
 }
 
 
@@ -163,7 +169,7 @@ def check_entries(directory: Path, label: str, blobs: Path | None = None) -> dic
         for count, entry in enumerate(listed, start=1):
             if count > MAX_ENTRIES:
                 raise BundleRefused(label, f"more than {MAX_ENTRIES} entries; a workbench "
-                                    "policy bundle has at most 10 files")
+                                    "policy bundle has at most 11 files")
             path = confined(Path(entry.path), blobs or root, label, link_ok=blobs is not None)
             size = path.stat().st_size
             limit = (MAX_TEXT_BYTES if entry.name in TEXT_FILES else REPLAY_VIDEO_MAX_BYTES
@@ -217,6 +223,9 @@ def check_index(raw: Any, label: str) -> BundleIndex:
     """``bundle.json``'s content against the schema; :class:`BundleRefused` naming the key."""
     if not isinstance(raw, dict):
         raise BundleRefused(label, f"{INDEX_NAME} holds a {type(raw).__name__}, not an object")
+    if raw.get("format") in OLDER_FORMATS:
+        raise BundleRefused(label, f"{INDEX_NAME}: format {raw['format']!r} is older than "
+                            f"{BUNDLE_FORMAT!r}: it carries no contract and no runner")
     if raw.get("format") != BUNDLE_FORMAT:
         raise BundleRefused(label, f"{INDEX_NAME}: format {raw.get('format')!r} is not "
                             f"{BUNDLE_FORMAT!r}; not a workbench policy bundle")
