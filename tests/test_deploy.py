@@ -345,3 +345,46 @@ def test_the_contract_travels_as_the_runner_reads_it(duck: Duck) -> None:
     assert checked.raw == json.loads((duck.export / "export_report.json").read_text())["contract"]
     assert checked.raw["source"]["run_id"] == duck.run_id
     assert checked.observation_names[-1] == "previous_action.right_ankle"
+
+
+# --------------------------------------------------------------------------- the promotion gate
+
+
+def test_promote_refuses_a_policy_of_a_robot_changed_since_training(
+        duck: Duck, restored: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = restored.parent / "manifest.json"
+    saved = manifest.read_bytes()
+    recorded = json.loads(saved)
+    recorded["inputs"]["robot"]["sha256"] = "a" * 64  # what the run trained on, per its record
+    manifest.write_text(json.dumps(recorded))
+    try:
+        code = main(["promote", "--run", duck.run_id, "--alias", "on-robot", "--profile", "duck",
+                     "seeds=[0]", "episodes=1"])
+    finally:
+        manifest.write_bytes(saved)
+    out = capsys.readouterr().out
+    assert code == 1
+    (line,) = [line for line in out.splitlines() if line.startswith("workbench: promote")]
+    assert line.startswith("workbench: promote refused: contract field robot.sha256: the env "
+                           "loads ") and "the run trained on aaaaaaaaaaaaaaaa (its manifest)" \
+        in line and line.endswith("; nothing registered")
+    assert duck.client.search_registered_models() == []
+    experiments = [e.experiment_id for e in duck.client.search_experiments()]
+    assert duck.client.search_runs(experiments, "tags.`workbench.kind` = 'eval'") == []
+
+
+def test_the_latency_gate_holds_the_measured_maximum_against_the_period(duck: Duck) -> None:
+    report = json.loads((duck.export / "export_report.json").read_text())
+    latency, found = report["latency"], report["contract"]
+    worst = latency["backends"]["onnxruntime"]["end_to_end_ms"]["max"]
+    assert verification.latency_problem(latency, found) is None  # 20 ms is far above it
+    tags = verification.deployment_tags(latency, found)
+    assert tags["latency.period_ms"] == "20" and tags["contract.control_hz"] == "50"
+    assert float(tags["latency.onnxruntime_max_ms"]) == pytest.approx(worst, rel=1e-3)
+    assert tags["contract.robot_sha256"] == found["robot"]["sha256"]
+    faster = json.loads(json.dumps(found))  # a loop whose period is half the measured maximum
+    faster["control"].update(period_s=worst / 2e3, rate_hz=2e3 / worst)
+    problem = verification.latency_problem(latency, faster)
+    assert problem is not None and problem.startswith(
+        f"latency: ONNX Runtime's maximum {worst:.3f} ms (over 1000 calls after 20 warm-up "
+        f"calls) exceeds the {worst / 2:g} ms control period")

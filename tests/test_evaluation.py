@@ -225,6 +225,10 @@ def test_promote_refuses_a_failing_gate_and_registers_a_holding_one(
     assert version.run_id == run_id and version.tags["gate.passed"] == "true"
     assert float(version.tags["parity.onnx_max_abs_diff"]) <= 1e-5
     assert version.tags["gate.profile"] == "gate" and version.tags["gate.cells"] == "2"
+    # the contract and the measured latency against the control period (20 Hz)
+    assert version.tags["contract.format"] == "workbench-policy-contract/1"
+    assert (version.tags["contract.control_hz"], version.tags["latency.period_ms"]) == ("20", "50")
+    assert 0 < float(version.tags["latency.onnxruntime_max_ms"]) <= 50
     assert client.get_run(version.tags["gate.eval_run"]).data.tags["workbench.kind"] == "eval"
     # `hub push --model NAME@ALIAS` pushes the version the alias names and records the commit.
     from workbench.deploy import hub

@@ -8,14 +8,18 @@ someone's memory. The alias is set only when the gate holds, checked in this ord
 
 1. the export (``workbench export``: TorchScript + ONNX, logged to the run under ``export/``)
    passes its parity check;
-2. the robustness matrix of the gate's profile (``conf/eval/<profile>.yaml``, default
+2. the export's contract matches the run, its env and the robot it trained on, and the
+   export's measured maximum latency after warm-up fits the contract's control period
+   (:func:`workbench.deploy.verification.deployment_check`);
+3. the robustness matrix of the gate's profile (``conf/eval/<profile>.yaml``, default
    ``gate``; :mod:`workbench.deploy.robustness`) holds in every cell.
 
 Then a model version is created from the run's ``export/`` artifacts (MLflow 3:
 ``create_model_version``), the gate's figures are written on it as tags (profile, cells,
 nominal return, parity, the eval run, the checkpoint, the Hub bundle commit when the run was
-pushed) and the alias is pointed at it. A failed gate exits 1, names the failing parity or
-cells, and registers nothing.
+pushed, the contract and the latency against the period) and the alias is pointed at it. A
+failed gate exits 1, names the failing parity, field, latency or cells, and registers
+nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any
 
 from workbench.config import ConfigError
 from workbench.config.robustness import load_profile
-from workbench.deploy import evaluation, export, robustness
+from workbench.deploy import evaluation, export, robustness, verification
 from workbench.deploy.arguments import allowed_modules
 
 REGISTRY_TAG_LIMIT = 5_000  # MLflow's tag values hold 8,000 characters
@@ -40,9 +44,10 @@ class Gate:
     """The two checks a promotion needs and their figures."""
 
     parity: Mapping[str, Any]
-    matrix: robustness.Matrix | None  # None: not run (the parity failed first)
+    matrix: robustness.Matrix | None  # None: not run (the parity or deployment failed first)
     eval_run_id: str | None
     config: Any = None  # the policy's WorkbenchConfig, once loaded
+    deployment: verification.DeploymentCheck | None = None  # contract and latency, once run
 
     @property
     def passed(self) -> bool:
@@ -74,6 +79,8 @@ def version_tags(gate: Gate, run: Any, alias: str, checkpoint: Mapping[str, Any]
             f"{parity.get('torchscript_max_abs_diff', float('nan')):.3g}",
         "source_run": run.info.run_id,
     }
+    if gate.deployment is not None:
+        tags.update(gate.deployment.tags)
     if checkpoint:
         tags["checkpoint"] = str(checkpoint.get("path") or checkpoint.get("step") or "")
     for key in ("hub.repo_id", "hub.revision"):
@@ -110,10 +117,15 @@ def run_gate(args: argparse.Namespace, client: Any, out: Path) -> tuple[Gate, An
         return Gate(parity, None, None), result
     with tempfile.TemporaryDirectory(prefix="workbench-promote-") as work:
         policy = evaluation.load_policy(args, Path(work), client)
+        assert policy.source is not None  # a run's policy comes with its training policy
+        deployment = verification.deployment_check(client, args.run, result.report,
+                                                   policy.source)
+        if deployment.problem is not None:
+            return Gate(parity, None, None, policy.config, deployment), result
         robustness.check_applicable(profile, policy.config)
         evaluated = evaluation.evaluate_policy(policy, args.profile, profile, client, out)
     evaluation.print_summary(evaluated)
-    return Gate(parity, evaluated.matrix, evaluated.run_id, policy.config), result
+    return Gate(parity, evaluated.matrix, evaluated.run_id, policy.config, deployment), result
 
 
 def promote_command(args: argparse.Namespace) -> int:
@@ -126,6 +138,9 @@ def promote_command(args: argparse.Namespace) -> int:
                           "run's policy can be promoted")
     out = Path(tempfile.mkdtemp(prefix="workbench-promote-"))
     gate, exported = run_gate(args, client, out)
+    if gate.deployment is not None and gate.deployment.problem is not None:
+        print(f"workbench: promote refused: {gate.deployment.problem}; nothing registered")
+        return 1
     if gate.matrix is None:
         print(f"workbench: promote refused: the export parity check failed (ONNX max abs diff "
               f"{gate.parity.get('onnx_max_abs_diff')}); nothing registered")

@@ -450,6 +450,69 @@ def robot_line(robot: Mapping[str, Any] | None, trained: str | None) -> str:
     return f"{robot['model']} sha256 {robot['sha256'][:16]}: {as_trained}"
 
 
+# --------------------------------------------------------------------------- the promotion gate
+
+
+@dataclass(frozen=True)
+class DeploymentCheck:
+    """What ``workbench promote`` checks of an export besides its parity: why it cannot go on
+    the robot (None: it can), and the figures for the model version's tags."""
+
+    problem: str | None
+    tags: dict[str, str]
+
+
+def deployment_check(client: Any, run_id: str, report: Mapping[str, Any],
+                     source: PolicySource) -> DeploymentCheck:
+    """The export's contract against the run, its env and the robot it trained on, and the
+    export's measured maximum ONNX Runtime latency after warm-up against the contract's
+    control period."""
+    found = report["contract"]
+    with tempfile.TemporaryDirectory(prefix="workbench-deployment-") as tmp:
+        trained = trained_robot(client, run_id, Path(tmp))
+    problem = (contract_problem(found, expected_contract(source, found), trained)
+               or latency_problem(report["latency"], found))
+    return DeploymentCheck(problem, deployment_tags(report["latency"], found))
+
+
+def onnx_latency(latency: Mapping[str, Any]) -> Mapping[str, float]:
+    """ONNX Runtime's end-to-end figures (ms) of an export report's latency section: the
+    path ``runner.py`` takes, numpy observation to numpy action."""
+    figures: Mapping[str, float] = latency["backends"]["onnxruntime"]["end_to_end_ms"]
+    return figures
+
+
+def latency_problem(latency: Mapping[str, Any], found: Mapping[str, Any]) -> str | None:
+    """Why the measured maximum latency after warm-up does not fit the control period."""
+    period = found["control"]["period_s"]
+    worst = onnx_latency(latency)["max"]
+    if period is None or worst <= period * 1e3:
+        return None
+    return (f"latency: ONNX Runtime's maximum {worst:.3f} ms (over {latency['calls']} calls "
+            f"after {latency['warmup']} warm-up calls) exceeds the {period * 1e3:g} ms control "
+            f"period ({found['control']['rate_hz']:g} Hz)")
+
+
+def deployment_tags(latency: Mapping[str, Any], found: Mapping[str, Any]) -> dict[str, str]:
+    """The contract's identity and the measured latency against the period, as tags."""
+    figures, control, robot = onnx_latency(latency), found["control"], found["robot"]
+    tags = {
+        "contract.format": found["format"],
+        "contract.observation_size": str(found["observation"]["size"]),
+        "contract.action_size": str(found["action"]["size"]),
+        "contract.robot_sha256": robot["sha256"] if robot else "",
+        "contract.normalization_sha256": found["normalization"]["sha256"] or "",
+        "latency.onnxruntime_p50_ms": f"{figures['p50']:.4g}",
+        "latency.onnxruntime_p99_ms": f"{figures['p99']:.4g}",
+        "latency.onnxruntime_max_ms": f"{figures['max']:.4g}",
+        "latency.warmup_calls": str(latency["warmup"]),
+    }
+    if control["period_s"] is not None:
+        tags["contract.control_hz"] = f"{control['rate_hz']:g}"
+        tags["latency.period_ms"] = f"{control['period_s'] * 1e3:g}"
+    return tags
+
+
 # --------------------------------------------------------------------------- presentation
 
 
