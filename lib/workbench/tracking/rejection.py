@@ -31,6 +31,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from workbench.config import ConfigError
+from workbench.tracking import permissions
 from workbench.tracking.journal import (
     Journal,
     apply,
@@ -112,6 +113,27 @@ def judge(client: MlflowClient, run_id: str, exc: BaseException) -> Verdict:
     return Verdict.REJECTED
 
 
+def missing_behind_403(client: MlflowClient, uri: str, folder: Path,
+                       exc: BaseException) -> bool:
+    """A team server answers a login that is not an administrator 403 for a run it does not
+    have, as for one the login may not write. Asked which: the run is missing when the login
+    may write the experiment the run was created in (or that experiment is gone too), and
+    then it is re-created there like any missing run."""
+    if http_status(exc) != 403:
+        return False
+    name = (read_info(folder).get("origin") or {}).get("experiment")
+    if not name:
+        return False
+    try:
+        experiment = MlflowClient.get_experiment_by_name(client, name)
+    except Exception:  # noqa: BLE001  (refused too: a login problem after all)
+        return False
+    if experiment is None:
+        return True
+    access = permissions.experiment_access(uri, experiment.experiment_id)
+    return access is not None and access.can_write
+
+
 def login_of(uri: str) -> str | None:
     """The user this process logs in as: ``MLFLOW_TRACKING_USERNAME``, else the URI's user."""
     return os.environ.get("MLFLOW_TRACKING_USERNAME") or urlsplit(uri).username or None
@@ -119,9 +141,15 @@ def login_of(uri: str) -> str | None:
 
 def login_advice(uri: str, folder: Path, exc: BaseException) -> str:
     """The one line of a refused login: what was refused, where the writes are, who to be."""
-    user = read_info(folder).get("user")
+    info = read_info(folder)
+    user = info.get("user")
     status = http_status(exc)
     current = login_of(uri)
+    if status == 403 and current and current == user:  # logging in again would change nothing
+        return (f"tracking server {redact_uri(uri)}: the login {current} may not write run "
+                f"{folder.name} (403){experiment_note(uri, info)}; its writes are kept in "
+                f"{folder}: ask the experiment's owner or an admin for EDIT permission and "
+                "rerun `workbench runs sync`")
     if status == 403:
         refused = f"the login {current or '(none)'} may not write run {folder.name} (403)"
     else:
@@ -130,6 +158,14 @@ def login_advice(uri: str, folder: Path, exc: BaseException) -> str:
     who = user or "the run's owner"
     return (f"tracking server {redact_uri(uri)}: {refused}; its writes are kept in {folder}: "
             f"log in as {who} (MLFLOW_TRACKING_USERNAME/PASSWORD) and rerun `workbench runs sync`")
+
+
+def experiment_note(uri: str, info: Mapping[str, Any]) -> str:
+    """``: it has READ on experiment 'alice-runs'``, when the outbox and the server say."""
+    name = (info.get("origin") or {}).get("experiment")
+    found = MlflowClient(uri).get_experiment_by_name(name) if name else None
+    access = permissions.experiment_access(uri, found.experiment_id) if found else None
+    return f": it has {access.permission} on experiment {name!r}" if access else ""
 
 
 def deleted_advice(run_id: str, folder: Path) -> str:

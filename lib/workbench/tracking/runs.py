@@ -296,6 +296,8 @@ def deliver_journal(client: MlflowClient, journal: Journal) -> SyncResult:
             rejection.replay(client, target, sent, journal, lambda _: None)
         except Exception as exc:
             verdict = rejection.judge(client, target, exc)
+            if verdict is Verdict.LOGIN and rejection.missing_behind_403(client, uri, folder, exc):
+                verdict = Verdict.MISSING_RUN  # a non-admin's 403 for a run the server lost
             if verdict is Verdict.LOGIN:
                 raise LoginRefused(rejection.login_advice(uri, folder, exc)) from None
             if verdict is Verdict.MISSING_RUN and result.recreated_as is None:

@@ -40,7 +40,7 @@ from workbench import config, paths
 from workbench.claims import claim_holder, exclusive_claim
 from workbench.config import ConfigError, WorkbenchConfig
 from workbench.envs.checks import check_data_env_id, split_env_id
-from workbench.tracking import outbox, runs
+from workbench.tracking import outbox, permissions, runs
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import is_embedded, make_client, resolve_tracking_uri
 from workbench.training.checkpoint import (
@@ -147,6 +147,7 @@ def find(run_id: str, uri: str) -> ResumePoint:
         raise not_found(run_id, uri) from exc
     if run.info.lifecycle_stage == "deleted":
         raise ConfigError(f"resume={run_id}: the run is deleted; restore it in MLflow first")
+    check_may_write(client, run, uri)
     check_not_alive(run)
     if outbox.outboxes(run_id):  # deliver what the store did not get yet (checkpoints too)
         for result in runs.sync_outboxes(uri, run_id):
@@ -192,6 +193,20 @@ def not_found(run_id: str, uri: str) -> ConfigError:
         f"resume={run_id}: no such run in the tracking store {redact_uri(uri)}; "
         "copy the id from `workbench train`'s last line or the MLflow UI, and check "
         "MLFLOW_TRACKING_URI / tracking.uri"
+    )
+
+
+def check_may_write(client: MlflowClient, run: Run, uri: str) -> None:
+    """A team server that would refuse the resume's writes (this login has READ on the run's
+    experiment) is asked first: one line, before anything is written or downloaded."""
+    access = permissions.experiment_access(uri, run.info.experiment_id)
+    if access is None or access.can_write:
+        return
+    name = client.get_experiment(run.info.experiment_id).name
+    raise ConfigError(
+        f"resume={run.info.run_id}: " + permissions.write_refusal(
+            access, f"run {run.info.run_id}", f"experiment {name!r}")
+        + f" on experiment {name!r}, or train a new run in your own experiment"
     )
 
 
