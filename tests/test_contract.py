@@ -30,26 +30,33 @@ def entries(record: dict[str, Any]) -> dict[str, tuple[int, int]]:
     return {e["name"]: tuple(e["index"]) for e in record["observation"]["entries"]}
 
 
+# MuJoCo's component order of the per-body arrays (spatial vectors: rotation first)
+BODY_COMPONENTS = {"cvel": ["wx", "wy", "wz", "vx", "vy", "vz"],
+                   "cfrc_ext": ["tx", "ty", "tz", "fx", "fy", "fz"],
+                   "cinert": [f"i{k}" for k in range(10)]}
+
+
 def state_value(model: Any, data: Any, name: str) -> float:
-    """The simulator value a scalar ``qpos.<joint>``/``qvel.<joint>``/``cfrc_ext.<body>.<c>``
-    entry names, read from where its name says."""
+    """The simulator value a scalar entry names (``qpos.<joint>[.part]``, ``qvel.<joint>``,
+    ``qfrc_actuator.<joint>``, ``<per-body array>.<body>.<component>``), read from where its
+    name says."""
     kind, _, rest = name.partition(".")
-    if kind in ("qpos", "qvel"):
+    if kind in ("qpos", "qvel", "qfrc_actuator"):
         joint, _, part = rest.partition(".")
         j = model.joint(joint).id
-        parts = {"qpos": ["x", "y", "z", "qw", "qx", "qy", "qz"],
-                 "qvel": ["vx", "vy", "vz", "wx", "wy", "wz"]}[kind]
+        parts = {"qpos": ["x", "y", "z", "qw", "qx", "qy", "qz"]}.get(
+            kind, ["vx", "vy", "vz", "wx", "wy", "wz"])
         offset = parts.index(part) if part else 0
         if kind == "qpos":
             return float(data.qpos[model.jnt_qposadr[j] + offset])
-        return float(data.qvel[model.jnt_dofadr[j] + offset])
+        return float(getattr(data, kind)[model.jnt_dofadr[j] + offset])
     body, _, part = rest.partition(".")
     # an unnamed body is named by its id (body<i>)
     b = int(body[4:]) if body.startswith("body") and body[4:].isdigit() else model.body(body).id
-    return float(data.cfrc_ext[b][["tx", "ty", "tz", "fx", "fy", "fz"].index(part)])
+    return float(getattr(data, kind)[b][BODY_COMPONENTS[kind].index(part)])
 
 
-@pytest.mark.parametrize("env_id", [MINI_DUCK_ID, "HalfCheetah-v5", "Ant-v5"])
+@pytest.mark.parametrize("env_id", [MINI_DUCK_ID, "HalfCheetah-v5", "Ant-v5", "Humanoid-v5"])
 def test_every_named_entry_is_the_value_its_name_says(env_id: str) -> None:
     env = make_env(EnvSpec(env_id, num_envs=1))
     try:
@@ -62,13 +69,15 @@ def test_every_named_entry_is_the_value_its_name_says(env_id: str) -> None:
         assert record["observation"]["size"] == len(obs) == max(s for _, s in named.values())
         checked = 0
         for name, (start, stop) in named.items():
-            if stop - start == 1 and name.split(".")[0] in ("qpos", "qvel", "cfrc_ext"):
+            if name.split(".")[0] in ("qpos", "qvel", "qfrc_actuator", *BODY_COMPONENTS):
+                assert stop - start == 1, name
                 value = state_value(model, data, name)
-                if name.startswith("cfrc_ext."):  # the Ant clips its contact forces
+                if env_id == "Ant-v5" and name.startswith("cfrc_ext."):  # clipped by the Ant
                     value = float(np.clip(value, *env.unwrapped._contact_force_range))
                 assert obs[start] == pytest.approx(value, abs=1e-12), name
                 checked += 1
-        assert checked >= {MINI_DUCK_ID: 23, "HalfCheetah-v5": 17, "Ant-v5": 105}[env_id]
+        assert checked == {MINI_DUCK_ID: 23, "HalfCheetah-v5": 17, "Ant-v5": 105,
+                           "Humanoid-v5": 348}[env_id]
         actions = [e["name"] for e in record["action"]["entries"]]
         # named in the MJCF, or (the Ant's) after the joint each drives
         assert actions == [model.actuator(i).name or model.joint(model.actuator_trnid[i][0]).name

@@ -177,7 +177,7 @@ def structure_elements(model: Any, structure: Mapping[str, Any]) -> list[Element
         elif key == "qvel":
             available = model_names.qvel_elements(model)
         elif key == "qfrc_actuator":
-            available = model_names.dof_force_elements(model, key)
+            available = model_names.dof_elements(model, key, force=True)
         elif key in model_names.BODY_PARTS:
             available = model_names.body_elements(model, key, first_body=0)
         else:

@@ -81,26 +81,21 @@ def qpos_elements(model: Any) -> list[Element]:
     return elements
 
 
-def qvel_elements(model: Any, prefix: str = "qvel") -> list[Element]:
-    """``data.qvel`` (or another per-dof array named ``prefix``): one element per degree of
-    freedom, named after its joint."""
-    elements: list[Element] = []
-    for joint in range(model.njnt):
-        name = joint_name(model, joint)
-        elements += [Element(f"{prefix}.{dotted(name, part)}", unit)
-                     for part, unit in QVEL_PARTS[int(model.jnt_type[joint])]]
-    return elements
+def qvel_elements(model: Any) -> list[Element]:
+    """``data.qvel``: one element per degree of freedom, named after its joint."""
+    return dof_elements(model, "qvel")
 
 
-def dof_force_elements(model: Any, prefix: str) -> list[Element]:
-    """A per-dof generalized force array (``qfrc_actuator``): N for slides, N m for hinges."""
+def dof_elements(model: Any, prefix: str, force: bool = False) -> list[Element]:
+    """A per-dof array named ``prefix``: its elements named as ``qvel``'s; with ``force`` a
+    generalized force (``qfrc_actuator``: N for slides, N m for hinges)."""
     elements: list[Element] = []
     for joint in range(model.njnt):
         kind = int(model.jnt_type[joint])
-        parts = QVEL_PARTS[kind]
-        unit = GENERALIZED_FORCE_UNIT.get(kind)
-        elements += [Element(f"{prefix}.{dotted(joint_name(model, joint), part)}", unit)
-                     for part, _ in parts]
+        name = joint_name(model, joint)
+        elements += [Element(f"{prefix}.{dotted(name, part)}",
+                             GENERALIZED_FORCE_UNIT.get(kind) if force else unit)
+                     for part, unit in QVEL_PARTS[kind]]
     return elements
 
 
