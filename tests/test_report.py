@@ -398,9 +398,8 @@ def test_each_task_gets_its_own_heatmaps(scratch: tuple[MlflowClient, str, Path]
         "env": env, "num_envs": str(ne), "n_steps": "8"}, reward=float(i))
         for i, (env, ne) in enumerate([("hopper", 1), ("hopper", 2), ("walker 2d", 1)])]
     rep = records.build_report(client, Selection(run_ids=tuple(ids)), store=uri)
-    assert [f.filename for f in rep.figures] == [  # tasks in rank order (walker is best)
-        "reward_curves.png", "update_signals.png", "grid_heatmaps-walker_2d.png",
-        "grid_heatmaps-hopper.png", "time_split.png"]
+    assert [f.filename for f in rep.figures] == [  # walker's one cell is no grid: no heatmap
+        "reward_curves.png", "update_signals.png", "grid_heatmaps-hopper.png", "time_split.png"]
     hopper = records.grid_cells(records.points_by_env(rep.points)["hopper"])
     assert {cell: values["reward"] for cell, values in hopper.items()} == {
         (1, 8): 0.0, (2, 8): 1.0}
@@ -621,7 +620,7 @@ def smallest_text_px(fig: object) -> tuple[float, str]:
 
     assert isinstance(fig, figures.Figure)
     width = png_size(figures.png_bytes(fig))[0]
-    scale = min(1.0, CONTENT_PX_AT_1280 / width)
+    scale = min(render.FIGURE_SCALE, CONTENT_PX_AT_1280 / width)  # as index.html shows it
     texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text()]
     smallest = min(texts, key=lambda t: t.get_fontsize())
     return smallest.get_fontsize() * figures.DPI / 72 * scale, smallest.get_text()
@@ -632,12 +631,18 @@ def test_figures_text_reads_at_1280_px_from_the_back_of_a_room() -> None:
     curve = [figures.Curves(f"inverted_pendulum-ne{ne}", "#1f77b4",
                             [diagnostics.Series(steps, steps / 10.0 + ne)])
              for ne in (2, 4, 8)]
+    # Labels at the length limit make the legend taller, never the figure wider.
+    long = [figures.Curves(f"{ne} " + "algo.learning_rate=1e-4 algo.gae_lambda=0.95 " * 2,
+                           "#1f77b4", [diagnostics.Series(steps, steps / 10.0 + ne)])
+            for ne in range(6)]
     cells = {(ne, ns): {"reward": ne * ns / 10, "fps": 1000.0 * ne, "wall": 100.0 / ne}
              for ne in (2, 4, 8) for ns in (64, 128, 256)}
     drawn = {"reward curves (2 panels)": figures.reward_figure(curve, curve),
              "update signals (3 panels)": figures.signals_figure(
                  curve, curve, curve, clip_max=0.3, kl_max=0.05),
-             "grid heatmaps (3 panels)": figures.grid_figure(cells, figures.GRID_METRICS)}
+             "grid heatmaps (3 panels)": figures.grid_figure(cells, figures.GRID_METRICS),
+             "long labels (3 panels)": figures.signals_figure(
+                 long, long, long, clip_max=0.3, kl_max=0.05)}
     smallest = {name: smallest_text_px(fig) for name, fig in drawn.items()}
     print({name: f"{px:.1f} px ({text!r})" for name, (px, text) in smallest.items()})
     assert all(px >= 16 for px, _ in smallest.values()), smallest

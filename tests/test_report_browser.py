@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from workbench.review import records, render
+from workbench.review import figures, records, render
 from workbench.review.selection import Selection
 
 from . import reportdata
@@ -70,6 +70,17 @@ def test_report_page_loads_every_figure_without_errors(
                                                 if b.kind in ("table", "card"))
     errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
     assert errors == []
+
+    # On a 1280-px-wide screen every figure's tick labels read at 16 px or more: the PNG's
+    # tick size (figures.STYLE, at figures.DPI) times the scale the page shows it at.
+    browser.set_window_size(1280, 900)
+    shown = browser.execute_script(
+        "return Array.from(document.images).map(i => [i.alt, i.clientWidth / i.naturalWidth]);")
+    tick_px = figures.STYLE["xtick.labelsize"] * figures.DPI / 72
+    assert {alt: round(tick_px * scale, 1) for alt, scale in shown
+            if tick_px * scale < 16} == {}
+    scales = [scale for _, scale in shown]  # one scale for every figure (the widest may be
+    assert max(scales) / min(scales) < 1.05  # narrowed a little further to the page)
 
     height = browser.execute_script("return document.documentElement.scrollHeight;")
     browser.set_window_size(1400, min(int(height) + 100, 16000))

@@ -9,6 +9,7 @@ the returned figures directly.
 from __future__ import annotations
 
 import io
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from workbench.review import statistics
 from workbench.review.diagnostics import Series
@@ -43,6 +45,7 @@ DPI = 100
 # Legend entries and bar labels longer than this are cut with an ellipsis: one long label
 # (a point whose params all differ) would otherwise widen the whole figure past any screen.
 LABEL_CHARS = 60
+LABEL_EM = 0.62  # a legend character's mean width in em (DejaVu Sans, mixed text and digits)
 
 
 @dataclass(frozen=True)
@@ -155,22 +158,23 @@ def draw_curves(ax: Axes, curves: Sequence[Curves], *, title: str, ylabel: str,
             if runs > 1:
                 ax.fill_between(steps, mean - std, mean + std, color=c.color, alpha=0.18)
             drawn += 1
-        if threshold is not None:
-            ax.axhline(threshold, color="crimson", linestyle="--", linewidth=2)
-            ax.annotate(f"diagnostic threshold {threshold:g}", (0.01, threshold),
-                        xycoords=("axes fraction", "data"), xytext=(0, 4),
-                        textcoords="offset points", color="crimson")
+        if threshold is not None:  # named in the legend: a label in the panel sits on curves
+            ax.axhline(threshold, color="crimson", linestyle="--", linewidth=2,
+                       label=f"{title.splitlines()[0]}: threshold {threshold:g}")
         ax.set_title(title)
         ax.set_xlabel("environment steps")
         ax.set_ylabel(ylabel)
         ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4))
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=5))  # tick labels at 17 pt never touch
         ax.ticklabel_format(axis="y", useOffset=False)
         if not drawn:
             ax.text(0.5, 0.5, "not logged", transform=ax.transAxes, ha="center", va="center")
 
 
 def legend_below(fig: Figure, axes: Sequence[Axes]) -> None:
-    """One legend for all panels, under them (the panels stay free for the curves)."""
+    """One legend for all panels, under them (the panels stay free for the curves), in as
+    many columns as fit the panels' width: long labels make it taller, never wider than the
+    figure, so the page never shrinks the plots to show the legend."""
     handles, labels = [], []
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -179,22 +183,38 @@ def legend_below(fig: Figure, axes: Sequence[Axes]) -> None:
                 labels.append(label)
     if handles:
         with matplotlib.rc_context(STYLE):
-            fig.legend(handles, labels, loc="outside lower center",
-                       ncol=min(4, len(labels)), frameon=False)
+            fig.legend(handles, labels, loc="outside lower center", frameon=False,
+                       ncol=legend_columns(labels, fig.get_figwidth()))
+
+
+def suptitle(fig: Figure, text: str) -> None:
+    """The figure's title, wrapped to the figure's width: a title wider than the panels
+    would widen the PNG and the page would shrink the plots to show it."""
+    em_in = float(STYLE["figure.titlesize"]) / 72
+    width = max(20, int(fig.get_figwidth() / (LABEL_EM * em_in)))
+    with matplotlib.rc_context(STYLE):
+        fig.suptitle(textwrap.fill(text, width))
+
+
+def legend_columns(labels: Sequence[str], width_in: float) -> int:
+    """How many legend entries of these labels fit side by side in ``width_in`` inches (at
+    most 4): each entry is its handle and spacing (~4 em) plus its longest label."""
+    em_in = float(STYLE["legend.fontsize"]) / 72
+    entry_in = (4 + LABEL_EM * max(len(label) for label in labels)) * em_in
+    return max(1, min(4, len(labels), int(width_in // entry_in)))
 
 
 def reward_figure(training: Sequence[Curves], evaluation: Sequence[Curves]) -> Figure:
     """Episode reward vs environment steps per point (mean ± std over runs)."""
     panels = 2 if any(len(s) for c in evaluation for s in c.series) else 1
     fig, axes = new_figure(panels)
-    draw_curves(axes[0], training, title="Training episodes (rollout/ep_rew_mean)",
+    draw_curves(axes[0], training, title="Training episodes\nrollout/ep_rew_mean",
                 ylabel="mean episode return")
     if panels == 2:
-        draw_curves(axes[1], evaluation, title="Deterministic evaluation (eval/mean_reward)",
+        draw_curves(axes[1], evaluation, title="Deterministic evaluation\neval/mean_reward",
                     ylabel="mean episode return")
     legend_below(fig, axes)
-    with matplotlib.rc_context(STYLE):
-        fig.suptitle("Reward vs environment steps per point (line: mean, band: ±1 std over runs)")
+    suptitle(fig, "Reward vs environment steps per point (line: mean, band: ±1 std over runs)")
     return fig
 
 
@@ -202,15 +222,14 @@ def signals_figure(entropy: Sequence[Curves], clip_fraction: Sequence[Curves],
                    approx_kl: Sequence[Curves], *, clip_max: float, kl_max: float) -> Figure:
     """Entropy, clip_fraction and approx KL vs steps, thresholds drawn in."""
     fig, axes = new_figure(3)
-    draw_curves(axes[0], entropy, title="Policy entropy (train/entropy)",
+    draw_curves(axes[0], entropy, title="Policy entropy\ntrain/entropy",
                 ylabel="entropy (nats)")
-    draw_curves(axes[1], clip_fraction, title="Clip fraction (train/clip_fraction)",
-                ylabel="fraction of samples clipped", threshold=clip_max)
-    draw_curves(axes[2], approx_kl, title="Approximate KL (train/approx_kl)",
-                ylabel="KL(old || new) (nats)", threshold=kl_max)
+    draw_curves(axes[1], clip_fraction, title="Clip fraction\ntrain/clip_fraction",
+                ylabel="fraction clipped", threshold=clip_max)
+    draw_curves(axes[2], approx_kl, title="Approximate KL\ntrain/approx_kl",
+                ylabel="KL old || new (nats)", threshold=kl_max)
     legend_below(fig, axes)
-    with matplotlib.rc_context(STYLE):
-        fig.suptitle("PPO update signals vs environment steps (mean ± std over runs)")
+    suptitle(fig, "PPO update signals vs environment steps (mean ± std over runs)")
     return fig
 
 
@@ -220,16 +239,15 @@ def off_policy_signals_figure(ent_coef: Sequence[Curves], critic_loss: Sequence[
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     fig, axes = new_figure(3)
-    draw_curves(axes[0], ent_coef, title="Entropy coefficient (train/ent_coef)",
+    draw_curves(axes[0], ent_coef, title="Entropy coefficient\ntrain/ent_coef",
                 ylabel="coefficient (log scale)", threshold=ent_coef_min)
     axes[0].set_yscale("log")  # plain tick labels: the report's style renders no mathtext
     axes[0].yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     axes[0].yaxis.set_minor_formatter(NullFormatter())
-    draw_curves(axes[1], critic_loss, title="Critic loss (train/critic_loss)", ylabel="loss")
-    draw_curves(axes[2], actor_loss, title="Actor loss (train/actor_loss)", ylabel="loss")
+    draw_curves(axes[1], critic_loss, title="Critic loss\ntrain/critic_loss", ylabel="loss")
+    draw_curves(axes[2], actor_loss, title="Actor loss\ntrain/actor_loss", ylabel="loss")
     legend_below(fig, axes)
-    with matplotlib.rc_context(STYLE):
-        fig.suptitle("Off-policy update signals vs environment steps (mean ± std over runs)")
+    suptitle(fig, "Off-policy update signals vs environment steps (mean ± std over runs)")
     return fig
 
 
@@ -252,9 +270,8 @@ def grid_figure(cells: Mapping[tuple[int, int], Mapping[str, float]],
             grid[ys.index(ns), xs.index(ne)] = values.get(metric.key, np.nan)
         draw_heatmap(ax, grid, xs, ys, metric)
         draw_iso_batch(ax, cells, xs, ys)
-    with matplotlib.rc_context(STYLE):
-        fig.suptitle("Final values over the num_envs × n_steps grid "
-                     "(mean over seeds; dashed: equal samples per update)")
+    suptitle(fig, "Final values over the num_envs × n_steps grid "
+                  "(mean over seeds; dashed: equal samples per update)")
     return fig
 
 

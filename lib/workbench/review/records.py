@@ -8,6 +8,7 @@ rendering it is :mod:`workbench.review.render`'s.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from workbench.config import CONFIG_ID_TAG, ConfigError
+from workbench.config import CONFIG_ID_TAG, ConfigError, interpolation_sources
 from workbench.review import configurations, diagnostics, figures, tradeoff
 from workbench.review.configurations import Across, GridLayout
 from workbench.review.diagnostics import Bottleneck, Diagnostic, Series, Thresholds
@@ -390,13 +391,24 @@ def group_points(runs: Sequence[RunRecord], layout: GridLayout = GridLayout()  #
 
 
 def varying_params(runs: Sequence[RunRecord]) -> list[str]:
-    """Params (other than seed and bookkeeping) whose values differ between the runs.
+    """Params (other than seed, bookkeeping and keys that follow from others) whose values
+    differ between the runs.
 
     Only runs that logged a param count for it: a point that failed before training logged
     none, and its run must not make every param look varied (labels listing ~50 params).
+    ``algo.batch_size``, half a rollout by default, follows from num_envs and n_steps, which
+    the label names already.
     """
-    keys = sorted({k for r in runs for k in r.params if not k.startswith(POINT_IGNORED)})
+    followed = set(default_interpolations())
+    keys = sorted({k for r in runs for k in r.params
+                   if not k.startswith(POINT_IGNORED) and k not in followed})
     return [k for k in keys if len({r.params[k] for r in runs if k in r.params}) > 1]
+
+
+@functools.cache
+def default_interpolations() -> tuple[str, ...]:
+    """The keys the default composition interpolates from others (``algo.batch_size``)."""
+    return tuple(interpolation_sources())
 
 
 def base_label(run: RunRecord) -> str:
@@ -682,7 +694,7 @@ def render_figures(points: Sequence[Point], thresholds: Thresholds,
     by_env = points_by_env(points)
     for env, env_points in by_env.items():
         cells = grid_cells(env_points)
-        if not cells:
+        if len(cells) < 2:  # one cell is not a grid: its colour bars would mean nothing
             continue
         # Rewards of different tasks do not share a scale: one heatmap figure per task.
         suffix = f"-{re.sub(r'[^A-Za-z0-9_.-]+', '_', env)}" if len(by_env) > 1 else ""

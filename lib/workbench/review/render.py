@@ -445,6 +445,12 @@ def ray_node(tags: Mapping[str, str]) -> str:
 # --------------------------------------------------------------------------- HTML
 
 
+# Every figure is shown at one scale of its PNG, so a one-panel figure is not drawn at twice
+# the size of a three-panel one: the scale at which a three-panel figure (~1,700 px) fills a
+# 1280-px-wide screen's page, where its 17-pt tick labels (23.6 px in the PNG) read at 17 px
+# and its 16-pt legend at 16; a wider figure is narrowed further to the page (max-width).
+FIGURE_SCALE = 0.73
+
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2rem auto;
        max-width: 1500px; padding: 0 1.5rem; color: #1d1d1f; line-height: 1.45; }
@@ -516,7 +522,8 @@ def blocks_html(blocks: Sequence[Block]) -> str:
                          f"{html_table(b)}</section>")
         elif b.kind == "figure" and b.figure is not None:
             data = base64.b64encode(b.figure.png).decode("ascii")
-            parts.append(f'<figure><img src="data:image/png;base64,{data}" '
+            width = round(png_width(b.figure.png) * FIGURE_SCALE)
+            parts.append(f'<figure><img src="data:image/png;base64,{data}" width="{width}" '
                          f'alt="{html_text(b.figure.title)}">'
                          f"<figcaption>{html_text(b.text)}</figcaption></figure>")
         elif b.kind == "video" and b.video is not None:
@@ -524,6 +531,11 @@ def blocks_html(blocks: Sequence[Block]) -> str:
         if b.kind == "card" and following != "card":
             parts.append("</div>")
     return "\n".join(parts)
+
+
+def png_width(png: bytes) -> int:
+    """A PNG's width in pixels, from its IHDR chunk (0 when it is not a PNG)."""
+    return int.from_bytes(png[16:20], "big") if png[:8] == b"\x89PNG\r\n\x1a\n" else 0
 
 
 def html_table(b: Block) -> str:

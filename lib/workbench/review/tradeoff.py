@@ -192,9 +192,8 @@ def curve_figures(points: Sequence[PointLike], colors: Mapping[str, str]) -> lis
         axes[1].set_xlabel("training seconds (rollouts + updates)")
         axes[1].ticklabel_format(axis="x", style="plain")
     figures.legend_below(fig, axes)
-    with matplotlib.rc_context(figures.STYLE):
-        fig.suptitle("Which setting gets there first: deterministic evaluation return vs steps "
-                     "and vs seconds (line: mean, band: ±1 std over seeds)")
+    figures.suptitle(fig, "Which setting gets there first: deterministic evaluation return vs "
+                          "steps and vs seconds (line: mean, band: ±1 std over seeds)")
     return [Drawn("reward_vs_time.png", "Return vs training seconds",
                   "Left: return vs environment steps; right: the same curves against the "
                   "seconds the run spent training (time/rollout_s + time/update_s; "
@@ -238,7 +237,7 @@ def target_figures(points_by_task: Mapping[str, Sequence[PointLike]],
                 notes[cell] = "not reached"
             elif time.reached < len(time.hits):
                 notes[cell] = f"{time.seconds:.1f} s\n{time.reached} of {len(time.hits)} seeds"
-        if target is None or not cells:
+        if target is None or len(cells) < 2:  # one cell is not a grid (the ranking has it)
             continue
         name = f"time_to_target-{suffix(task)}.png" if len(points_by_task) > 1 \
             else "time_to_target.png"
