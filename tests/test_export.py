@@ -232,6 +232,11 @@ def test_export_without_normalization(tmp_path: Path) -> None:
                                   calls=1000, warmup=0)
     assert result.passed
     assert result.report["graph"]["observation_normalization"] is False
+    checked = runner.read_contract(tmp_path / "out" / "policy.onnx")
+    assert checked.raw["normalization"] == {"in_graph": False, "clip": None, "epsilon": None,
+                                            "mean": None, "var": None, "sha256": None}
+    assert checked.raw["source"] == {"run_id": None, "checkpoint_step": None,
+                                     "checkpoint": None, "origin": "untrained"}
     assert result.report["replay"]["consistent"] is None  # nothing logged to compare with
     assert {p.name for p in (tmp_path / "out").iterdir()} == EXPORT_FILES
 
