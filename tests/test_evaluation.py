@@ -9,6 +9,7 @@ other modules' store.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,13 @@ def test_every_shipped_profile_loads() -> None:
     (["factors.friction=[0,1.2]"], "factors.friction=[0, 1.2]: 0 is out of range; its values "
                                    "are numbers > 0"),
     (["factors.action_delay=[1.5]"], "1.5 is out of range; its values are whole numbers >= 0"),
+    (["factors.friction=[1e308]"], "factors.friction=[1e+308]: 1e+308 is out of range; its "
+                                   "values are numbers > 0 and <= 10 (scale of every geom's "
+                                   "sliding friction)"),
+    (["factors.action_delay=[100]"], "100 is out of range; its values are whole numbers >= 0 "
+                                     "and <= 50"),
+    (["min_return=.inf"], "min_return=inf: a return in the task's units"),
+    (["locked_aliases=[latest!]"], "locked_aliases: 'latest!' is not a registry alias"),
     (["factors.mass=[a]"], "factors.mass=['a']: 'a' is not a number"),
     (["pairs=[[friction,damping]]"], "pairs: 'damping' has no values under factors"),
     (["backends=[mujoco_warp]"], "backends: 'mujoco_warp' is not a simulator backend"),
@@ -128,6 +136,50 @@ def test_verdicts_say_how_far_a_factor_holds_and_where_it_fails() -> None:
         "friction=0.5", "action_delay=2", "action_delay=3"]
 
 
+@pytest.mark.unit
+def test_a_relative_gate_alone_passes_a_falling_pendulum_and_a_floor_does_not() -> None:
+    from workbench.deploy import robustness as r
+    from workbench.envs.returns import task_reference
+
+    # 1000-step episodes in which the pole falls after ~95 steps, at nominal and perturbed.
+    def results() -> list:
+        return [r.CellResult(r.Cell(settings), [v], [v], v, 0.0)
+                for settings, v in (((), 95.0), ((("friction", 0.8),), 93.0))]
+
+    nominal = {name: f.nominal for name, f in r.FACTORS.items()}
+    relative = RobustnessProfile(factors={"friction": [0.8]}, tolerance=0.25)
+    held = results()
+    r.mark_holding(held, relative)
+    assert all(c.holds for c in held)  # relative to its own 95, the policy "holds"
+    floored = RobustnessProfile(factors={"friction": [0.8]}, tolerance=0.25, min_return=900)
+    failed = results()
+    r.mark_holding(failed, floored)
+    matrix = r.Matrix("gate", floored, "run x", "InvertedPendulum-v5", nominal, failed,
+                      reference=task_reference("inverted_pendulum", "InvertedPendulum-v5", 1000))
+    assert not matrix.passed and matrix.threshold == 900 and not matrix.nominal.holds
+    assert matrix.nominal_text() == "95.0 of 1,000 (the maximum: at most 1 per step x 1000 steps)"
+    assert r.matrix_record(matrix)["reference"] == {
+        "return": 1000.0, "source": "the maximum: at most 1 per step x 1000 steps"}
+
+
+def test_a_factor_that_cannot_change_the_task_says_no_effect() -> None:
+    from workbench.deploy import robustness as r
+
+    profile = load_profile("default")  # friction, mass, actuator gain, noise, delay
+    pendulum = load_config(["env=inverted_pendulum"])
+    no_contact = "no two of its geoms can touch, and friction acts only in contacts"
+    assert r.inert_factors(pendulum, profile) == {"friction": no_contact}
+    assert r.inert_factors(load_config(["env=halfcheetah"]), profile) == {}
+    nominal = r.nominal_values(pendulum)
+    results = [r.CellResult(r.Cell(settings), [v], [v], v, 0.0)
+               for settings, v in (((), 1000.0), ((("friction", 0.5),), 1000.0),
+                                   ((("friction", 1.5),), 1000.0))]
+    matrix = r.Matrix("x", RobustnessProfile(factors={"friction": [0.5, 1.5]}), "run x",
+                      "InvertedPendulum-v5", nominal, results,
+                      inert=r.inert_factors(pendulum, profile))
+    assert matrix.verdicts() == [f"friction: no effect on this task ({no_contact})"]
+
+
 # --------------------------------------------------------------------------- the command
 
 
@@ -156,6 +208,8 @@ def test_eval_logs_a_matrix_with_nested_runs_heatmaps_and_verdicts(
     assert main(["eval", "--run", store_copy.run_id, "--profile", "default", "--out", str(out),
                  *SMALL]) == 0
     printed = capsys.readouterr().out
+    eval_id = printed.split("MLflow run: ")[1].split()[0]
+    assert printed.endswith(f"/robustness\nMLflow run: {eval_id}\ncopy: {out}\n")
     assert "[1/12] nominal:" in printed and "[12/12] nominal@envpool:" in printed
     assert "sim-to-sim: envpool" in printed and "same behaviour" in printed
     record = json.loads((out / "robustness.json").read_text())
@@ -167,6 +221,8 @@ def test_eval_logs_a_matrix_with_nested_runs_heatmaps_and_verdicts(
     client = store_copy.client
     parent = client.get_run(printed.split("MLflow run: ")[1].split()[0])
     assert parent.data.tags["workbench.kind"] == "eval" and parent.info.status == "FINISHED"
+    assert f"\nfiles: {parent.info.artifact_uri}/robustness\n" in printed  # not a temp folder
+    assert parent.data.tags["robustness.overrides"] == " ".join(SMALL)
     children = client.search_runs([parent.info.experiment_id],
                                   f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert sorted(c.info.run_name for c in children) == sorted(c["cell"] for c in
@@ -209,22 +265,54 @@ def test_promote_refuses_a_failing_gate_and_registers_a_holding_one(
     # The gate profile with only its action delay of 1 step: 2 cells.
     gate = ["seeds=[0]", *EPISODES, "factors.friction=[]", "factors.mass=[]",
             "factors.obs_noise=[]"]
-    # Every cell must hold: with a tolerance of 0 nothing below nominal does.
+    # The gate of the alias a robot runs cannot be weakened on the command line.
+    runs_before = len(client.search_runs([e.experiment_id for e in client.search_experiments()]))
+    assert main(["promote", "--run", run_id, "--alias", "on-robot", *gate, "tolerance=0.99",
+                 "min_drop=1000"]) == 2
+    assert capsys.readouterr().err == (
+        "workbench: error: --alias on-robot: profile gate locks it (locked_aliases in "
+        "conf/eval/gate.yaml): its gate runs as written, without seeds=[0] "
+        "max_episode_steps=100 episodes=1 factors.friction=[] factors.mass=[] "
+        "factors.obs_noise=[] tolerance=0.99 min_drop=1000; drop the overrides, or promote to "
+        "another alias (e.g. --alias candidate)\n")
+    assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == \
+        runs_before  # refused before the export and the matrix
+    # Every cell must hold: with a tolerance of 0 nothing below nominal does, and an absolute
+    # floor above what the policy returns fails the nominal cell too.
     failing = [*gate, "factors.mass=[0.5,2.0]", "factors.action_delay=[1,3]",
-               "tolerance=0.0001"]
-    assert main(["promote", "--run", run_id, "--alias", "on-robot", *failing]) == 1
+               "tolerance=0.0001", "min_return=10000"]
+    assert main(["promote", "--run", run_id, "--alias", "trial", *failing]) == 1
     printed = capsys.readouterr().out
-    assert "promote refused:" in printed and "nothing registered" in printed
+    assert re.search(r"workbench: promote refused: the nominal return -?[\d,.]+ of 5,819 "
+                     r"\(rl-baselines3-zoo's published PPO return at 1M steps \(benchmark.md\)\) "
+                     r"is below the profile's floor min_return=10000; 5 cell\(s\) of profile "
+                     r"gate fail: nominal \(-?[\d,.]+ < 10,000.0\), ", printed), printed
+    assert "nothing registered" in printed
     assert not client.search_registered_models()
 
     assert main(["promote", "--run", run_id, "--alias", "candidate", "min_drop=10",
                  *gate]) == 0
-    assert "registered halfcheetah-ppo version 1 as halfcheetah-ppo@candidate" in \
-        capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert re.search(r"registered halfcheetah-ppo version 1 as halfcheetah-ppo@candidate "
+                     r"\(profile gate with min_drop=10 seeds=\[0\] max_episode_steps=100 "
+                     r"episodes=1 factors.friction=\[\] factors.mass=\[\] "
+                     r"factors.obs_noise=\[\]: 2 cells hold at >= -?[\d,.]+; nominal return "
+                     r"-?[\d,.]+ of 5,819 \(rl-baselines3-zoo's published PPO return", printed)
+    assert "gate gate" not in printed and "workbench-promote-" not in printed
     version = client.get_model_version_by_alias("halfcheetah-ppo", "candidate")
+    eval_run = client.get_run(version.tags["gate.eval_run"])
+    assert f"files: {eval_run.info.artifact_uri}/robustness\n" in printed
     assert version.run_id == run_id and version.tags["gate.passed"] == "true"
     assert float(version.tags["parity.onnx_max_abs_diff"]) <= 1e-5
     assert version.tags["gate.profile"] == "gate" and version.tags["gate.cells"] == "2"
+    # The gate as it was run: its overrides, cells, seeds, tolerance, floor and reference.
+    assert version.tags["gate.overrides"] == " ".join(["min_drop=10", *gate])
+    assert version.tags["gate.cell_labels"] == "nominal, action_delay=1"
+    assert (version.tags["gate.seeds"], version.tags["gate.episodes"]) == ("[0]", "1")
+    assert (version.tags["gate.tolerance"], version.tags["gate.min_drop"],
+            version.tags["gate.min_return"]) == ("0.25", "10", "none")
+    assert version.tags["gate.reference_return"] == "5819"
+    assert eval_run.data.tags["robustness.overrides"] == version.tags["gate.overrides"]
     # the contract and the measured latency against the control period (20 Hz)
     assert version.tags["contract.format"] == "workbench-policy-contract/1"
     assert (version.tags["contract.control_hz"], version.tags["latency.period_ms"]) == ("20", "50")

@@ -90,12 +90,40 @@ def test_what_a_read_only_login_may_not_write_is_refused_in_one_line(
     for argv, line in [
         (["train", f"resume={team.run_id}", "total_timesteps=512"],
          f"resume={team.run_id}: {refusal}train a new run in your own experiment"),
+        (["promote", "--run", team.run_id, "--alias", "candidate"],
+         f"--run {team.run_id}: {refusal.removesuffix(', or ')} (promote logs the export to "
+         "the run), or promote a run of your own"),
     ]:
         assert cli.main(argv) == 2, argv
         captured = capsys.readouterr()
         assert captured.err == f"workbench: error: {line}\n", argv
     assert run_state(team) == before  # status, tags and artifacts as alice left them
     assert not (tmp_path / "experiments").exists()
+
+
+@pytest.mark.slow
+def test_eval_of_a_teammates_run_goes_into_the_callers_own_experiment(
+    team: Team, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    team.use(monkeypatch, BOB, tmp_path / "experiments")
+    before = run_state(team)
+    assert cli.main(["eval", "--run", team.run_id, "--profile", "gate", "seeds=[0]",
+                     "episodes=1", "factors={obs_noise:[0.01]}"]) == 0
+    printed = capsys.readouterr().out
+    assert (f"note: your login bob has READ on the experiment of run {team.run_id}: the "
+            "eval run goes into your experiment "
+            "'workbench-bob', linked to it by tag robustness.source_run; the source run's "
+            "tags are left as they are\n") in printed
+    eval_id = printed.split("MLflow run: ")[1].split()[0]
+    with logged_in(BOB, team.bob_password):
+        client = MlflowClient(team.server.url)
+        run = client.get_run(eval_id)
+        assert client.get_experiment(run.info.experiment_id).name == "workbench-bob"
+        assert run.data.tags["robustness.source_run"] == team.run_id
+        assert run.info.status == "FINISHED"
+        assert f"files: {run.info.artifact_uri}/robustness\n" in printed
+    assert run_state(team) == before
 
 
 def lost_run_outbox(experiments: Path, uri: str, experiment: str) -> str:

@@ -38,21 +38,27 @@ class Factor:
     integer: bool
     low: float  # smallest value accepted
     low_open: bool  # True: values must be strictly greater than ``low``
+    high: float  # largest value accepted: past it a cell measures a different machine
     help: str
 
 
+# A scale is a robot's part off by up to 10x either way (0.1x..10x covers every shipped
+# profile by far); noise and delay beyond their bounds leave no policy anything to act on.
+SCALE_MAX = 10.0
 FACTORS: dict[str, Factor] = {f.name: f for f in (
-    Factor("friction", 1.0, "x", False, 0.0, True, "scale of every geom's sliding friction"),
-    Factor("mass", 1.0, "x", False, 0.0, True, "scale of every body's mass and inertia"),
-    Factor("actuator_gain", 1.0, "x", False, 0.0, True, "scale of every actuator's gain"),
-    Factor("damping", 1.0, "x", False, 0.0, True, "scale of every joint's damping"),
-    Factor("obs_noise", 0.0, "std", False, 0.0, False,
+    Factor("friction", 1.0, "x", False, 0.0, True, SCALE_MAX,
+           "scale of every geom's sliding friction"),
+    Factor("mass", 1.0, "x", False, 0.0, True, SCALE_MAX, "scale of every body's mass and inertia"),
+    Factor("actuator_gain", 1.0, "x", False, 0.0, True, SCALE_MAX,
+           "scale of every actuator's gain"),
+    Factor("damping", 1.0, "x", False, 0.0, True, SCALE_MAX, "scale of every joint's damping"),
+    Factor("obs_noise", 0.0, "std", False, 0.0, False, 10.0,
            "std of Gaussian noise added to every observation (observation units)"),
-    Factor("action_noise", 0.0, "std", False, 0.0, False,
+    Factor("action_noise", 0.0, "std", False, 0.0, False, 2.0,
            "std of Gaussian action noise, as a fraction of half the action range"),
-    Factor("action_delay", 0.0, "steps", True, 0.0, False,
+    Factor("action_delay", 0.0, "steps", True, 0.0, False, 50.0,
            "actions reach the simulator this many control steps late"),
-    Factor("frame_skip", 0.0, "", True, 1.0, False,
+    Factor("frame_skip", 0.0, "", True, 1.0, False, 50.0,
            "simulator steps per control step: the control frequency "
            "(1 / (timestep x frame_skip)); nominal is the task's own"),
 )}
@@ -72,6 +78,10 @@ class RobustnessProfile:
     # min_drop): a fraction of the nominal return, with an absolute floor for returns near 0
     tolerance: float = 0.2
     min_drop: float = 0.0
+    # an absolute floor in the task's return units: a cell below it fails, the nominal cell
+    # included, whatever the tolerance (a relative gate alone passes a policy that fails at
+    # nominal); None: no floor
+    min_return: float | None = None
     # factor -> the values to try, each alone (the other factors nominal)
     # (numbers; typed Any so YAML's 1 and 1.0 both read, checked by check_factor)
     factors: dict[str, list[Any]] = field(default_factory=dict)
@@ -84,6 +94,10 @@ class RobustnessProfile:
     backends: list[str] = field(default_factory=list)
     # cap on each episode's length; None: the task's own time limit
     max_episode_steps: int | None = None
+    # registry aliases `workbench promote` sets with this profile only as written: KEY=VALUE
+    # overrides are refused for them (e.g. [on-robot]: what a robot runs passed the gate as
+    # the team wrote it)
+    locked_aliases: list[str] = field(default_factory=list)
 
 
 def profile_dir() -> Path:
@@ -153,6 +167,13 @@ def check_profile(name: str, profile: RobustnessProfile) -> None:
                           "return, between 0 and 1 (e.g. 0.2)")
     if not 0 <= profile.min_drop < math.inf:
         raise ConfigError(f"{where}: min_drop={profile.min_drop}: return units, >= 0")
+    if profile.min_return is not None and not math.isfinite(profile.min_return):
+        raise ConfigError(f"{where}: min_return={profile.min_return}: a return in the task's "
+                          "units (e.g. min_return=900), or null for no floor")
+    for alias in profile.locked_aliases:
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,62}", alias):
+            raise ConfigError(f"{where}: locked_aliases: {alias!r} is not a registry alias "
+                              "(a letter, then letters, digits, '-' or '_')")
     if profile.max_episode_steps is not None and profile.max_episode_steps < 1:
         raise ConfigError(f"{where}: max_episode_steps={profile.max_episode_steps}: must be "
                           ">= 1 (or null for the task's own limit)")
@@ -190,12 +211,12 @@ def check_factor(where: str, factor: str, values: Sequence[Any]) -> None:
     if len(set(values)) != len(values):
         raise ConfigError(f"{where}: factors.{factor}={list(values)}: a value is repeated")
     for value in values:
-        bad = (not math.isfinite(value) or value < spec.low
+        bad = (not math.isfinite(value) or value < spec.low or value > spec.high
                or (spec.low_open and value <= spec.low)
                or (spec.integer and value != int(value)))
         if bad:
             kind = "whole numbers" if spec.integer else "numbers"
             bound = ">" if spec.low_open else ">="
-            raise ConfigError(f"{where}: factors.{factor}={list(values)}: {value} is out of "
-                              f"range; its values are {kind} {bound} {spec.low:g} "
-                              f"({spec.help})")
+            raise ConfigError(f"{where}: factors.{factor}={list(values)}: {value:g} is out of "
+                              f"range; its values are {kind} {bound} {spec.low:g} and <= "
+                              f"{spec.high:g} ({spec.help})")

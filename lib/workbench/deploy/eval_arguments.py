@@ -12,7 +12,7 @@ from pathlib import Path
 
 from workbench import config
 from workbench.config import ConfigError
-from workbench.config.robustness import profile_names
+from workbench.config.robustness import load_profile, profile_names
 from workbench.deploy.arguments import add_allow_module, check_checkpoint_choice
 
 DEFAULT_PROFILE = "default"
@@ -99,7 +99,8 @@ def add_promote_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_promote_arguments(args: argparse.Namespace) -> None:
-    """Alias, model name and checkpoint well-formed (one line, exit 2)."""
+    """Alias, model name and checkpoint well-formed, the profile loads, and an alias the
+    profile locks gets the profile as written (one line, exit 2)."""
     check_checkpoint(args.checkpoint)
     if not ALIAS.match(args.alias) or args.alias.lower() == "latest":
         raise ConfigError(f"--alias {args.alias!r}: an alias is a letter then letters, digits, "
@@ -108,3 +109,10 @@ def check_promote_arguments(args: argparse.Namespace) -> None:
     if args.name is not None and not MODEL_NAME.match(args.name):
         raise ConfigError(f"--name {args.name!r}: a model name is letters, digits, '.', '-' "
                           "or '_' (e.g. --name hopper-ppo)")
+    profile = load_profile(args.profile, args.overrides)
+    if args.overrides and args.alias in profile.locked_aliases:
+        raise ConfigError(
+            f"--alias {args.alias}: profile {args.profile} locks it (locked_aliases in "
+            f"conf/eval/{args.profile}.yaml): its gate runs as written, without "
+            f"{' '.join(args.overrides)}; drop the overrides, or promote to another alias "
+            "(e.g. --alias candidate)")

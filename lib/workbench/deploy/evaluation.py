@@ -23,10 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from workbench import config
+from workbench.config import ConfigError
 from workbench.config.robustness import RobustnessProfile, load_profile
 from workbench.deploy import export, hub, robustness, robustness_figures
 from workbench.deploy.arguments import allowed_modules
 from workbench.deploy.robustness import EvalPolicy, Matrix
+from workbench.tracking import permissions
+from workbench.tracking.redaction import redact_uri
+from workbench.tracking.store import MAX_TAG_VALUE_LENGTH, truncate
 from workbench.training.bundle import (
     PULL_TRUST_HINT,
     check_files,
@@ -35,6 +39,8 @@ from workbench.training.bundle import (
 )
 
 EXPERIMENT = "workbench"  # where an eval of a policy without a run is logged
+# A login's own experiment on a team server, for an eval of a run it may only read.
+OWN_EXPERIMENT = "workbench-{user}"
 
 
 @dataclass
@@ -44,6 +50,7 @@ class EvalRun:
     matrix: Matrix
     run_id: str
     directory: Path  # the written outputs
+    artifacts: str = ""  # where the eval run keeps them: its artifact location's robustness/
 
 
 def load_policy(args: argparse.Namespace, workdir: Path, client: Any) -> EvalPolicy:
@@ -92,12 +99,14 @@ def evaluate_run(run_id: str, profile_name: str = "gate", overrides: Sequence[st
 
 
 def evaluate_policy(policy: EvalPolicy, profile_name: str, profile: RobustnessProfile,
-                    client: Any, out: Path) -> EvalRun:
-    """Run the matrix and log it: the parent run, a nested run per cell as it finishes, the
-    outputs as artifacts, and the verdicts on the policy's own run."""
-    experiment_id = policy.experiment_id or experiment_for(client)
+                    client: Any, out: Path, overrides: Sequence[str] = ()) -> EvalRun:
+    """Run the matrix and log it: the parent run (with the profile's ``overrides``), a nested
+    run per cell as it finishes, the outputs as artifacts, and the verdicts on the policy's
+    own run where this login may write it."""
+    experiment_id, tag_source = eval_experiment(client, policy)
     parent = client.create_run(experiment_id, run_name=f"eval-{profile_name}", tags={
         robustness.KIND_TAG: robustness.KIND, "robustness.profile": profile_name,
+        "robustness.overrides": overrides_text(overrides),
         "robustness.policy": policy.origin[:500], "robustness.source_run": policy.run_id or "",
         "mlflow.note.content": f"workbench eval --profile {profile_name} of {policy.origin}"})
     parent_id = str(parent.info.run_id)
@@ -116,11 +125,44 @@ def evaluate_policy(policy: EvalPolicy, profile_name: str, profile: RobustnessPr
         client.log_metric(parent_id, "robustness/cells_failing", float(len(matrix.failing)))
         client.set_tag(parent_id, "robustness.passed", str(matrix.passed).lower())
         client.set_tag(parent_id, "robustness.verdicts", robustness.verdict_text(matrix))
-        if policy.run_id:
+        if policy.run_id and tag_source:
             for key, value in robustness.source_tags(matrix, parent_id).items():
                 client.set_tag(policy.run_id, key, value)
         client.set_terminated(parent_id, "FINISHED")
-    return EvalRun(matrix, parent_id, out)
+    artifacts = f"{client.get_run(parent_id).info.artifact_uri}/{robustness.ARTIFACT_DIR}"
+    return EvalRun(matrix, parent_id, out, redact_uri(artifacts))
+
+
+def overrides_text(overrides: Sequence[str]) -> str:
+    """The profile's ``KEY=VALUE`` overrides as one tag value (``none`` without any)."""
+    return truncate(" ".join(overrides), MAX_TAG_VALUE_LENGTH) if overrides else "none"
+
+
+def eval_experiment(client: Any, policy: EvalPolicy) -> tuple[str, bool]:
+    """Where the eval run goes, and whether the policy's run gets the verdict tags.
+
+    The policy's run's experiment (or ``workbench`` for a policy without a run) when this
+    login may write there; on a team server where it may only read (a teammate's run), the
+    login's own experiment ``workbench-<login>``, created if missing: the eval run links to
+    the source run by its tag ``robustness.source_run``, and the source run is left as it
+    was."""
+    uri = str(client.tracking_uri)
+    found = client.get_experiment_by_name(EXPERIMENT) if policy.experiment_id is None else None
+    candidate = policy.experiment_id or (found.experiment_id if found else None)
+    access = permissions.experiment_access(uri, candidate) if candidate else None
+    if access is None or access.can_write:
+        return str(candidate or experiment_for(client)), bool(policy.run_id)
+    name = OWN_EXPERIMENT.format(user=access.user)
+    own = client.get_experiment_by_name(name)
+    mine = permissions.experiment_access(uri, own.experiment_id) if own else None
+    if mine is not None and not mine.can_write:
+        refusal = permissions.write_refusal(mine, "it", repr(name))
+        raise ConfigError(f"experiment {name!r}: {refusal} on it; the eval of a run you may "
+                          "only read goes there")
+    print(f"note: your login {access.user} has {access.permission} on the experiment of "
+          f"{policy.origin}: the eval run goes into your experiment {name!r}, linked to it by "
+          "tag robustness.source_run; the source run's tags are left as they are", flush=True)
+    return str(own.experiment_id if own else client.create_experiment(name)), False
 
 
 def write_outputs(matrix: Matrix, directory: Path) -> list[str]:
@@ -143,7 +185,7 @@ def print_summary(result: EvalRun) -> None:
     """Verdicts, the export check, the failing cells and where everything is."""
     matrix = result.matrix
     print(f"\nrobustness of {matrix.origin} ({matrix.profile_name}): nominal return "
-          f"{matrix.nominal.mean:,.1f}; a cell holds at >= {matrix.threshold:,.1f}")
+          f"{matrix.nominal_text()}; a cell holds at >= {matrix.threshold:,.1f}")
     for line in matrix.verdicts():
         print(f"  {line}")
     if matrix.export_check:
@@ -153,19 +195,22 @@ def print_summary(result: EvalRun) -> None:
               + ", ".join(r.cell.label for r in matrix.failing))
     else:
         print(f"every cell holds ({len(matrix.results)} cells)")
-    print(f"files: {result.directory}\nMLflow run: {result.run_id}")
+    print(f"files: {result.artifacts or result.directory}\nMLflow run: {result.run_id}")
 
 
 def eval_command(args: argparse.Namespace) -> int:
-    """``workbench eval``: exit 0 when it ran (whatever the verdicts), 2 on bad input."""
+    """``workbench eval``: exit 0 when it ran (whatever the verdicts), 2 on bad input. The
+    outputs are the eval run's artifacts; ``--out`` keeps a copy in a folder."""
     profile = load_profile(args.profile, args.overrides)
     export.quiet_downloads()
     client = export.open_store()
-    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="workbench-eval-"))
-    with tempfile.TemporaryDirectory(prefix="workbench-eval-policy-") as work:
-        policy = load_policy(args, Path(work), client)
+    with tempfile.TemporaryDirectory(prefix="workbench-eval-") as work:
+        out = Path(args.out) if args.out else Path(work) / "robustness"
+        policy = load_policy(args, Path(work) / "policy", client)
         robustness.check_applicable(profile, policy.config)
-        result = evaluate_policy(policy, args.profile, profile, client, out)
+        result = evaluate_policy(policy, args.profile, profile, client, out, args.overrides)
     print_summary(result)
+    if args.out:
+        print(f"copy: {out}")
     sys.stdout.flush()
     return 0

@@ -49,6 +49,7 @@ from workbench.deploy.graph import (
     onnx_session,
 )
 from workbench.envs import envpool_vec, randomization
+from workbench.envs.returns import TaskReference, task_reference
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_env
 from workbench.tracking.metric_keys import (
@@ -356,9 +357,12 @@ def summarize(cell: Cell, runs: Sequence[Episodes], seconds: float) -> CellResul
                       float(np.mean(lengths)), seconds)
 
 
-def threshold(nominal_return: float, tolerance: float, min_drop: float = 0.0) -> float:
-    """The lowest mean return a cell may have and still hold."""
-    return nominal_return - max(tolerance * abs(nominal_return), min_drop)
+def threshold(nominal_return: float, tolerance: float, min_drop: float = 0.0,
+              min_return: float | None = None) -> float:
+    """The lowest mean return a cell may have and still hold: relative to the nominal return,
+    and never below the profile's absolute floor ``min_return``."""
+    relative = nominal_return - max(tolerance * abs(nominal_return), min_drop)
+    return relative if min_return is None else max(relative, min_return)
 
 
 @dataclass
@@ -373,6 +377,8 @@ class Matrix:
     results: list[CellResult]
     control_hz: dict[str, float] = field(default_factory=dict)  # frame_skip value -> Hz
     export_check: dict[str, Any] | None = None
+    reference: TaskReference | None = None  # the task's maximum or published return
+    inert: dict[str, str] = field(default_factory=dict)  # factor -> why it changes nothing
 
     @property
     def nominal(self) -> CellResult:
@@ -380,7 +386,14 @@ class Matrix:
 
     @property
     def threshold(self) -> float:
-        return threshold(self.nominal.mean, self.profile.tolerance, self.profile.min_drop)
+        profile = self.profile
+        return threshold(self.nominal.mean, profile.tolerance, profile.min_drop,
+                         profile.min_return)
+
+    def nominal_text(self) -> str:
+        """``95.0 of 1,000 (the maximum: ...)``, or the nominal return alone."""
+        mean = self.nominal.mean
+        return self.reference.text(mean) if self.reference else f"{mean:,.1f}"
 
     @property
     def failing(self) -> list[CellResult]:
@@ -413,8 +426,9 @@ class Matrix:
 
 
 def mark_holding(results: Sequence[CellResult], profile: RobustnessProfile) -> None:
-    """Set ``holds`` on every cell against the first (nominal) cell's mean return."""
-    floor = threshold(results[0].mean, profile.tolerance, profile.min_drop)
+    """Set ``holds`` on every cell against the first (nominal) cell's mean return (and the
+    profile's absolute floor, which the nominal cell must reach too)."""
+    floor = threshold(results[0].mean, profile.tolerance, profile.min_drop, profile.min_return)
     for result in results:
         result.holds = bool(result.mean >= floor or math.isclose(result.mean, floor))
 
@@ -432,7 +446,10 @@ def value_text(factor: Factor, value: float, hz: Mapping[str, float]) -> str:
 
 
 def factor_verdict(matrix: Matrix, factor: str) -> str:
-    """"friction holds from 0.7x to 1.3x (-30 % to +30 %); fails at 0.5x"."""
+    """"friction holds from 0.7x to 1.3x (-30 % to +30 %); fails at 0.5x", or "friction: no
+    effect on this task (...)" for a factor that cannot change its model."""
+    if factor in matrix.inert:
+        return f"{factor}: no effect on this task ({matrix.inert[factor]})"
     spec, nominal = FACTORS[factor], matrix.nominal_values[factor]
     results = matrix.factor_results(factor)
     values = [v for v, _ in results]
@@ -575,9 +592,50 @@ def evaluate(policy: EvalPolicy, profile_name: str, profile: RobustnessProfile,
         mark_holding(results, profile)
         if on_cell is not None:
             on_cell(index, len(cells), result)
-    return Matrix(profile_name, profile, policy.origin, policy.config.env.id, nominal, results,
-                  control_rates(policy.config, profile, nominal),
-                  export_check(policy, profile, nominal))
+    cfg = policy.config
+    return Matrix(profile_name, profile, policy.origin, cfg.env.id, nominal, results,
+                  control_rates(cfg, profile, nominal), export_check(policy, profile, nominal),
+                  task_reference(cfg.env.name, cfg.env.id,
+                                 profile.max_episode_steps or cfg.env.max_episode_steps),
+                  inert_factors(cfg, profile))
+
+
+def inert_factors(cfg: WorkbenchConfig, profile: RobustnessProfile) -> dict[str, str]:
+    """The profile's physics factors that cannot change this task's dynamics, with why:
+    friction without any pair of geoms that can touch, damping of joints that have none, an
+    actuator gain without actuators. Their cells equal the nominal one by construction."""
+    if not any(f in PHYSICS_FACTORS for f in profile.factors):
+        return {}
+    env = make_env(EnvSpec.from_config(cfg))
+    try:
+        model = getattr(env.unwrapped, "model", None)
+        return {} if model is None else {
+            factor: why for factor in profile.factors
+            if (why := inert_reason(model, factor)) is not None}
+    finally:
+        env.close()
+
+
+def inert_reason(model: Any, factor: str) -> str | None:
+    """Why scaling ``factor`` leaves the MuJoCo ``model``'s dynamics as they are, or None."""
+    if factor == "friction" and not can_touch(model):
+        return "no two of its geoms can touch, and friction acts only in contacts"
+    if factor == "damping" and not np.any(model.dof_damping):
+        return "none of its joints has damping to scale"
+    if factor == "actuator_gain" and model.nu == 0:
+        return "it has no actuators"
+    return None
+
+
+def can_touch(model: Any) -> bool:
+    """Whether any two geoms of ``model`` may collide (MuJoCo's contype/conaffinity rule)
+    with contacts enabled; True when in doubt (same-body pairs are not excluded)."""
+    import mujoco
+
+    if model.opt.disableflags & mujoco.mjtDisableBit.mjDSBL_CONTACT:
+        return False
+    contype, affinity = model.geom_contype, model.geom_conaffinity
+    return bool(np.any((contype[:, None] & affinity[None, :]) != 0))
 
 
 def progress_line(index: int, total: int, result: CellResult) -> str:
@@ -596,8 +654,13 @@ def matrix_record(matrix: Matrix) -> dict[str, Any]:
         "seeds": list(matrix.profile.seeds),
         "episodes": matrix.profile.episodes,
         "tolerance": matrix.profile.tolerance,
+        "min_drop": matrix.profile.min_drop,
+        "min_return": matrix.profile.min_return,
         "nominal_return": matrix.nominal.mean,
+        "reference": (None if matrix.reference is None else
+                      {"return": matrix.reference.value, "source": matrix.reference.source}),
         "threshold": matrix.threshold,
+        "no_effect": matrix.inert,
         "passed": matrix.passed,
         "verdicts": matrix.verdicts(),
         "nominal_values": matrix.nominal_values,
@@ -616,7 +679,7 @@ def matrix_markdown(matrix: Matrix, figures: Sequence[str]) -> str:
     """``robustness.md``: verdicts, the cells table and the figures."""
     lines = [f"# Robustness: {matrix.profile_name}", "",
              f"Policy: {matrix.origin} on {matrix.env_id}. Nominal return "
-             f"{matrix.nominal.mean:,.1f} over seeds {list(matrix.profile.seeds)} x "
+             f"{matrix.nominal_text()} over seeds {list(matrix.profile.seeds)} x "
              f"{matrix.profile.episodes} episodes; a cell holds at >= {matrix.threshold:,.1f} "
              f"(tolerance {matrix.profile.tolerance:g}). "
              f"{'Every cell holds.' if matrix.passed else f'{len(matrix.failing)} cell(s) fail.'}",

@@ -2,9 +2,10 @@
 return divided by its task's reference.
 
 The one table of published figures is :data:`PUBLISHED_PPO`: rl-baselines3-zoo's PPO results
-at 1M steps (its ``benchmark.md``, mean over its evaluation episodes); the benchmarks that
-hold the default configurations to them (``benchmarks/final_return.py``,
-``benchmarks/time_to_reward.py``) read them here. ``workbench report --target-return
+at 1M steps (its ``benchmark.md``, mean over its evaluation episodes), kept with the tasks'
+other references in :mod:`workbench.envs.returns`; the benchmarks that hold the default
+configurations to them (``benchmarks/final_return.py``, ``benchmarks/time_to_reward.py``)
+read them here. ``workbench report --target-return
 TASK=RETURN`` sets a task's reference (and its time-to-target target); a task with neither is
 left out of the cross-task aggregate, and the report says why.
 """
@@ -14,17 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-# env name (conf/env/<name>.yaml, the runs' ``env`` tag) -> published PPO return at 1M steps
-PUBLISHED_PPO: dict[str, float] = {
-    "halfcheetah": 5819.0,
-    "hopper": 2410.0,
-    "walker2d": 3479.0,
-    "ant": 1327.0,
-    "swimmer": 282.0,
-}
-# ... and its spread (std over its evaluation) where the benchmarks hold a default to it
-PUBLISHED_PPO_STD: dict[str, float] = {"halfcheetah": 664.0, "hopper": 10.0}
-PUBLISHED_SOURCE = "rl-baselines3-zoo's published PPO return at 1M steps (benchmark.md)"
+from workbench.envs.returns import PUBLISHED_PPO as PUBLISHED_PPO
+from workbench.envs.returns import PUBLISHED_PPO_STD as PUBLISHED_PPO_STD
+from workbench.envs.returns import PUBLISHED_SOURCE as PUBLISHED_SOURCE
 
 
 @dataclass(frozen=True)

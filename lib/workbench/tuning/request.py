@@ -24,6 +24,7 @@ from typing import Any
 from workbench import config
 from workbench.config import ConfigError, TuneConfig, WorkbenchConfig
 from workbench.config.schema import SEED_MAX
+from workbench.envs.returns import return_bound
 from workbench.sweeps.request import compose_typed, override_key
 from workbench.tuning.objectives import Objective
 from workbench.tuning.space import SearchSpace, largest_rollout, parse_space
@@ -32,18 +33,6 @@ DEFAULT_SEARCH = "search=ppo"  # with another algorithm: search=<algo.name> (con
 STUDY_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")  # fullmatch: no trailing newline
 # Keys every trial gets from the study; overriding them for all trials is an error.
 TRIAL_KEYS = {"eval.every_steps": "tune.eval_every_steps", "tracking.run_name": "the trial name"}
-# The most a task returns per step by definition (reward bounded above), for the target check;
-# tasks not listed (locomotion: forward velocity) have no such bound. id -> (per step, bonus).
-RETURN_BOUNDS: dict[str, tuple[float, float]] = {
-    "InvertedPendulum-v5": (1.0, 0.0),  # +1 per step the pole stays up
-    "InvertedDoublePendulum-v5": (10.0, 0.0),  # alive bonus 10 minus penalties
-    "CartPole-v1": (1.0, 0.0),
-    "Pendulum-v1": (0.0, 0.0),  # a cost: -(angle^2 + ...) <= 0
-    "Acrobot-v1": (0.0, 0.0),  # -1 per step until the goal
-    "MountainCar-v0": (0.0, 0.0),  # -1 per step until the goal
-    "MountainCarContinuous-v0": (0.0, 100.0),  # +100 at the goal minus action costs
-    "Reacher-v5": (0.0, 0.0),  # distance and control costs
-}
 
 
 @dataclass(frozen=True)
@@ -212,37 +201,13 @@ def check_objective(objective: Objective, base: WorkbenchConfig) -> None:
                           "training time; a trial that never reaches the target scores it), "
                           "e.g. tune.budget_s=120")
     if objective.target is not None:
-        bound = return_bound(base)
+        bound = return_bound(base.env.id, base.env.max_episode_steps)
         if bound is not None and objective.target > bound[0]:
             raise ConfigError(
                 f"tune.target={objective.target:g}: {base.env.id} cannot return more than "
                 f"{bound[0]:g} per episode by definition ({bound[1]}); choose a target "
                 f"<= {bound[0]:g}"
             )
-
-
-def return_bound(cfg: WorkbenchConfig) -> tuple[float, str] | None:
-    """The most one episode can return by the task's definition, with the reason, or None."""
-    if cfg.env.id not in RETURN_BOUNDS:
-        return None
-    per_step, bonus = RETURN_BOUNDS[cfg.env.id]
-    if per_step == 0:
-        return bonus, (f"its rewards are costs, plus at most {bonus:g} at the goal" if bonus
-                       else "every reward is a cost <= 0")
-    steps = cfg.env.max_episode_steps or registered_episode_steps(cfg.env.id)
-    if steps is None:
-        return None
-    return per_step * steps + bonus, f"at most {per_step:g} per step x {steps} steps"
-
-
-def registered_episode_steps(env_id: str) -> int | None:
-    """The time limit gymnasium registers for ``env_id``."""
-    import gymnasium
-
-    try:
-        return gymnasium.spec(env_id).max_episode_steps
-    except gymnasium.error.Error:
-        return None
 
 
 def check_budget(space: SearchSpace, base: WorkbenchConfig) -> None:
