@@ -20,7 +20,7 @@ from workbench import config
 from workbench.training.checkpoint import misfit, read_files
 
 from .conftest import TINY, embedded_store
-from .test_security_store import assert_refused_untouched, rehash
+from .test_security_store import assert_refused_untouched, put_back, rehash
 from .trained_run import FinishedRun, store_under
 
 CHECKPOINT = "checkpoints/step-000000000384"  # the SAC run's last checkpoint: pos 192 of 1000
@@ -43,11 +43,8 @@ def sac_run(tmp_path_factory: pytest.TempPathFactory) -> FinishedRun:
 def sac_checkpoint(sac_run: FinishedRun, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The SAC run's last checkpoint folder, put back as it was after the test."""
     sac_run.use(monkeypatch)
-    folder = sac_run.artifacts() / CHECKPOINT
-    saved = {p.name: p.read_bytes() for p in folder.iterdir()}
-    yield folder
-    for name, content in saved.items():
-        (folder / name).write_bytes(content)
+    with put_back(sac_run.artifacts() / CHECKPOINT) as folder:
+        yield folder
 
 
 def edit_state(folder: Path, change: Callable[[dict[str, Any]], None]) -> None:

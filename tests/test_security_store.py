@@ -10,6 +10,7 @@ options. A sentinel module (or pickle) that writes a marker file stands for an a
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -18,6 +19,7 @@ import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -50,15 +52,23 @@ def sentinel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[
     sys.modules.pop(name, None)
 
 
+@contextlib.contextmanager
+def put_back(folder: Path) -> Iterator[Path]:
+    """``folder`` for the block, its files put back as they were after it."""
+    saved = {p.name: p.read_bytes() for p in folder.iterdir()}
+    try:
+        yield folder
+    finally:
+        for name, content in saved.items():
+            (folder / name).write_bytes(content)
+
+
 @pytest.fixture()
 def planted(finished_run: FinishedRun, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The finished run's last checkpoint folder, put back as it was after the test."""
     finished_run.use(monkeypatch)
-    folder = finished_run.artifacts() / CHECKPOINT
-    saved = {p.name: p.read_bytes() for p in folder.iterdir()}
-    yield folder
-    for name, content in saved.items():
-        (folder / name).write_bytes(content)
+    with put_back(finished_run.artifacts() / CHECKPOINT) as folder:
+        yield folder
 
 
 def rehash(folder: Path) -> None:
@@ -319,15 +329,13 @@ class Blind(gymnasium.Env):  # type: ignore[type-arg]
         return np.zeros(3, dtype=np.float32), 0.0, False, False, {}
 
 
-@pytest.mark.unit
-def test_a_run_of_an_env_without_rendering_does_not_blame_opengl(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def recorder_of(env: gymnasium.Env) -> Any:
+    """A run's video recorder after it tried (and failed) to record ``env``."""
     from stable_baselines3.common.vec_env import DummyVecEnv
     from workbench.config import VideoConfig
     from workbench.training.video import VideoRecorder
 
-    venv = DummyVecEnv([lambda: gymnasium.wrappers.TimeLimit(Blind(), 10)])
+    venv = DummyVecEnv([lambda: gymnasium.wrappers.TimeLimit(env, 10)])
     recorder = VideoRecorder(VideoConfig(), client=None, run_id="run")
 
     class Model:
@@ -335,6 +343,14 @@ def test_a_run_of_an_env_without_rendering_does_not_blame_opengl(
             return np.zeros((len(obs), 1), dtype=np.float32), None
 
     assert recorder.record(Model(), venv, venv, "replay") is None
+    return recorder
+
+
+@pytest.mark.unit
+def test_a_run_of_an_env_without_rendering_does_not_blame_opengl(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    recorder = recorder_of(Blind())
     warning = capsys.readouterr().err
     assert warning == ("workbench: warning: no video: Blind has no rendering (its metadata's "
                        "render_modes [] have no rgb_array), so it gives no frames to record; "
@@ -360,18 +376,7 @@ class Faulty(Blind):
 def test_an_exception_in_an_envs_render_is_not_blamed_on_opengl(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from stable_baselines3.common.vec_env import DummyVecEnv
-    from workbench.config import VideoConfig
-    from workbench.training.video import VideoRecorder
-
-    venv = DummyVecEnv([lambda: gymnasium.wrappers.TimeLimit(Faulty(), 10)])
-    recorder = VideoRecorder(VideoConfig(), client=None, run_id="run")
-
-    class Model:
-        def predict(self, obs: np.ndarray, deterministic: bool) -> tuple[np.ndarray, None]:
-            return np.zeros((len(obs), 1), dtype=np.float32), None
-
-    assert recorder.record(Model(), venv, venv, "replay") is None
+    recorder = recorder_of(Faulty())
     line = Faulty.broken.__code__.co_firstlineno + 1
     assert capsys.readouterr().err == (
         "workbench: warning: no video: the env's render() raised KeyError: \"camera 'head' not "
