@@ -25,6 +25,7 @@ from workbench.sweeps.plan import expand_grid, plan_sweep, point_name
 from workbench.sweeps.point import (
     PointKernel,
     PointOutcome,
+    PointSpec,
     point_environment,
     point_specs,
     run_papermill,
@@ -655,3 +656,39 @@ def test_a_background_sweep_stops_on_sigint(store: Path) -> None:
     (parent,) = runs_of("parent")
     assert (run.info.status, parent.info.status) == ("KILLED", "KILLED")
     assert not [k for k in kernels if k.is_running() and k.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.unit
+def test_ctrl_c_reports_each_point_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Ctrl-C while a point runs: the points already reported are not reported again (the
+    progress read '5/4 points (125%)'), the one in flight is reported when it settles."""
+    import threading
+
+    settled = threading.Event()
+
+    def execute(spec: PointSpec, output: Path, kernel: object) -> PointOutcome:
+        if spec.point != "first":
+            settled.wait(timeout=10)  # in flight until the interrupt stops its kernel
+        return PointOutcome(spec.point, "FINISHED" if spec.point == "first" else "KILLED")
+
+    class Kernel:
+        def __init__(self, *args: object) -> None: ...
+
+        def stop(self, reason: str, grace_s: float) -> None:
+            settled.set()
+
+    monkeypatch.setattr("workbench.sweeps.executors.execute_point", execute)
+    monkeypatch.setattr("workbench.sweeps.executors.PointKernel", Kernel)
+    monkeypatch.setattr("workbench.sweeps.executors.cpu_budget", lambda: 2)  # both run at once
+    reported: list[str] = []
+
+    def report(outcome: PointOutcome) -> None:
+        reported.append(outcome.point)
+        if len(reported) == 1:
+            raise KeyboardInterrupt  # Ctrl-C while the first point's line is printed
+
+    specs = [PointSpec("s", name, "p", "0", "sqlite://", {}, {}, {}, None)
+             for name in ("first", "second")]
+    with pytest.raises(KeyboardInterrupt):
+        LocalExecutor(workers=2).run(specs, tmp_path, report)
+    assert sorted(reported) == ["first", "second"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Protocol
 
@@ -20,6 +20,7 @@ from workbench.envs.cores import cpu_budget
 from workbench.sweeps.plan import SweepPlan
 from workbench.sweeps.point import (
     PointKernel,
+    PointOutcome,
     PointSpec,
     Report,
     execute_point,
@@ -62,14 +63,16 @@ class LocalExecutor:
         pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="sweep-point")
         futures = [pool.submit(execute_point, s, out_dir / f"{s.point}.ipynb", kernels[s.point])
                    for s in specs]
+        reported: set[Future[PointOutcome]] = set()
         try:
             for future in as_completed(futures):
+                reported.add(future)
                 report(future.result())
         except KeyboardInterrupt:
             for kernel in kernels.values():
                 kernel.stop("interrupt", grace_s=5.0)
-            for future in futures:
-                if not future.cancel():
+            for future in futures:  # the points in flight, each reported once
+                if future not in reported and not future.cancel():
                     with contextlib.suppress(Exception):
                         report(future.result(timeout=60))
             raise
