@@ -68,6 +68,13 @@ def team(team_server: TeamServer, tmp_path_factory: pytest.TempPathFactory) -> I
     yield Team(team_server, result.run_id, bob_password)
 
 
+@pytest.fixture()
+def bob(team: Team, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Team:
+    """This process as bob, with its experiments folder under ``tmp_path``."""
+    team.use(monkeypatch, BOB, tmp_path / "experiments")
+    return team
+
+
 def run_state(team: Team) -> tuple[str, dict[str, str], set[str]]:
     """Alice's run as the admin sees it: status, tags, top-level artifacts."""
     with logged_in("admin", team.server.admin_password):
@@ -79,10 +86,9 @@ def run_state(team: Team) -> tuple[str, dict[str, str], set[str]]:
 
 @pytest.mark.slow
 def test_what_a_read_only_login_may_not_write_is_refused_in_one_line(
-    team: Team, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    bob: Team, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    team.use(monkeypatch, BOB, tmp_path / "experiments")
+    team = bob
     before = run_state(team)
     refusal = (f"your login bob has READ on experiment 'alice-runs', so the team server "
                f"refuses any write to run {team.run_id} (403); ask its owner or an admin for "
@@ -103,10 +109,9 @@ def test_what_a_read_only_login_may_not_write_is_refused_in_one_line(
 
 @pytest.mark.slow
 def test_eval_of_a_teammates_run_goes_into_the_callers_own_experiment(
-    team: Team, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    bob: Team, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    team.use(monkeypatch, BOB, tmp_path / "experiments")
+    team = bob
     before = run_state(team)
     assert cli.main(["eval", "--run", team.run_id, "--profile", "gate", "seeds=[0]",
                      "episodes=1", "factors={obs_noise:[0.01]}"]) == 0
@@ -143,12 +148,9 @@ def lost_run_outbox(experiments: Path, uri: str, experiment: str) -> str:
 
 @pytest.mark.slow
 def test_a_non_admins_sync_of_a_run_the_server_lost_recreates_it_where_it_may(
-    team: Team, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    bob: Team, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    experiments = tmp_path / "experiments"
-    team.use(monkeypatch, BOB, experiments)
-    url = team.server.url
+    experiments, url = tmp_path / "experiments", bob.server.url
     # In an experiment bob may write (his own, gone with the server): re-created.
     mine = lost_run_outbox(experiments, url, "bob-runs")
     assert cli.main(["runs", "sync"]) == 0
