@@ -664,12 +664,15 @@ def test_ctrl_c_reports_each_point_once(monkeypatch: pytest.MonkeyPatch, tmp_pat
     progress read '5/4 points (125%)'), the one in flight is reported when it settles."""
     import threading
 
-    settled = threading.Event()
+    running, settled = threading.Event(), threading.Event()
 
     def execute(spec: PointSpec, output: Path, kernel: object) -> PointOutcome:
-        if spec.point != "first":
-            settled.wait(timeout=10)  # in flight until the interrupt stops its kernel
-        return PointOutcome(spec.point, "FINISHED" if spec.point == "first" else "KILLED")
+        if spec.point == "first":
+            running.wait(timeout=10)  # the second point is in flight when the first ends
+            return PointOutcome(spec.point, "FINISHED")
+        running.set()
+        settled.wait(timeout=10)  # until the interrupt stops its kernel
+        return PointOutcome(spec.point, "KILLED")
 
     class Kernel:
         def __init__(self, *args: object) -> None: ...
