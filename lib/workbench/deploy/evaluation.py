@@ -95,7 +95,7 @@ def evaluate_run(run_id: str, profile_name: str = "gate", overrides: Sequence[st
     with tempfile.TemporaryDirectory(prefix="workbench-eval-policy-") as work:
         policy = policy_of_run(client, run_id, Path(work), checkpoint=checkpoint)
         robustness.check_applicable(profile, policy.config)
-        return evaluate_policy(policy, profile_name, profile, client, out)
+        return evaluate_policy(policy, profile_name, profile, client, out, overrides)
 
 
 def evaluate_policy(policy: EvalPolicy, profile_name: str, profile: RobustnessProfile,
@@ -206,7 +206,7 @@ def eval_command(args: argparse.Namespace) -> int:
     client = export.open_store()
     with tempfile.TemporaryDirectory(prefix="workbench-eval-") as work:
         out = Path(args.out) if args.out else Path(work) / "robustness"
-        policy = load_policy(args, Path(work) / "policy", client)
+        policy = load_policy(args, Path(work), client)
         robustness.check_applicable(profile, policy.config)
         result = evaluate_policy(policy, args.profile, profile, client, out, args.overrides)
     print_summary(result)

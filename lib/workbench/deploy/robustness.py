@@ -634,6 +634,8 @@ def can_touch(model: Any) -> bool:
 
     if model.opt.disableflags & mujoco.mjtDisableBit.mjDSBL_CONTACT:
         return False
+    if model.npair > 0:  # explicit <contact><pair> elements collide whatever the masks say
+        return True
     contype, affinity = model.geom_contype, model.geom_conaffinity
     return bool(np.any((contype[:, None] & affinity[None, :]) != 0))
 
