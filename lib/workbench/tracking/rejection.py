@@ -163,7 +163,10 @@ def login_advice(uri: str, folder: Path, exc: BaseException) -> str:
 def experiment_note(uri: str, info: Mapping[str, Any]) -> str:
     """``: it has READ on experiment 'alice-runs'``, when the outbox and the server say."""
     name = (info.get("origin") or {}).get("experiment")
-    found = MlflowClient(uri).get_experiment_by_name(name) if name else None
+    try:
+        found = MlflowClient(uri).get_experiment_by_name(name) if name else None
+    except Exception:  # noqa: BLE001  (not readable either: the line says what it knows)
+        return ""
     access = permissions.experiment_access(uri, found.experiment_id) if found else None
     return f": it has {access.permission} on experiment {name!r}" if access else ""
 
