@@ -90,7 +90,7 @@ from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import is_embedded, make_client, resolve_tracking_uri
 from workbench.training import checkpoint
 from workbench.training.bundle import PULL_TRUST_HINT
-from workbench.training.model import PolicySource, build_model
+from workbench.training.model import PolicySource, inference_model
 from workbench.training.snapshot import set_vecnormalize_state
 
 PARITY_TOLERANCE = 1e-5  # max abs action difference allowed on CPU
@@ -465,7 +465,7 @@ def load_run(client: Any, run_id: str, workdir: Path,
                           f"model: {problem}; delete that folder from the run's artifacts or "
                           "train again")
     venv = make_eval_env(EnvSpec.from_config(cfg))  # VecNormalize(training=False) if normalized
-    model = build_model(cfg, venv, device="cpu")  # export and its checks infer on the CPU
+    model = inference_model(cfg, venv, device="cpu")  # export and its checks infer on the CPU
     model.policy.load_state_dict(state["policy"])
     model.num_timesteps = final.step
     vecnormalize = venv if isinstance(venv, VecNormalize) else None

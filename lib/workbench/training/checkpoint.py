@@ -70,7 +70,7 @@ from workbench.tracking.logged_models import (
 from workbench.tracking.outbox import DeliveryClient
 from workbench.training.callbacks import LocalsFreeCallback, evaluate_version, recall
 from workbench.training.faults import Interruption
-from workbench.training.model import build_model
+from workbench.training.model import inference_model
 from workbench.training.snapshot import capture, is_restorable, materialize
 from workbench.training.state_checks import state_problem
 
@@ -287,7 +287,7 @@ def scratch_model(cfg: WorkbenchConfig) -> Any:
 
     venv = DummyVecEnv([lambda: make_env(EnvSpec.from_config(cfg))])
     try:
-        return build_model(cfg, venv, device="cpu")
+        return inference_model(cfg, venv, device="cpu")
     finally:
         venv.close()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import tempfile
+import warnings
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,6 +41,17 @@ def build_model(cfg: WorkbenchConfig, train_env: VecEnv, device: str | None = No
     """The configured algorithm (PPO, A2C, SAC, TD3, TQC or CrossQ) on ``train_env``, on
     ``device`` when given, else on the configured one (:mod:`workbench.training.algorithms`)."""
     return algorithms.build(cfg, train_env, device)
+
+
+def inference_model(cfg: WorkbenchConfig, env: VecEnv, device: str | None = None
+                    ) -> BaseAlgorithm:
+    """The run's model rebuilt on ``env`` to load weights into (resume's checks, export,
+    eval, promote), never to train: SB3's PPO warns that ``batch_size`` does not divide
+    ``n_steps * n_envs`` for the env it is given, and one evaluation env is not the run's
+    env count, so that warning would say something false about the run; it is left out."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="You have specified a mini-batch size")
+        return build_model(cfg, env, device)
 
 
 def save_model(
@@ -89,7 +101,7 @@ def load_model(model_zip: str | Path, env: VecEnv | None = None, *, allow_pickle
         )
     cfg = config.from_yaml(config_path.read_text())
     env = env if env is not None else make_eval_env(EnvSpec.from_config(cfg))
-    model = build_model(cfg, env, device)
+    model = inference_model(cfg, env, device)
     with zipfile.ZipFile(model_zip) as archive:
         weights = torch.load(io.BytesIO(archive.read("policy.pth")), map_location=device,
                              weights_only=True)
