@@ -23,7 +23,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 from workbench import config
-from workbench.review.ui import GRID_TAGS, MEETING_VIEW_KEY
+from workbench.review.ui import GRID_TAGS, MEETING_VIEW_KEY, default_meeting_filter
 from workbench.tracking.store import (
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
@@ -249,3 +249,20 @@ def test_a_meeting_filter_mlflow_cannot_parse_is_bad_input(tmp_path: Path) -> No
     assert line.startswith("workbench: error: --filter 'tags.sweep_id = ': "), line
     assert "e.g. \"tags.sweep_id = 'ID'\"" in line
     assert not (tmp_path / "logs" / "ui.log").exists()  # no server was started
+
+
+def test_the_meeting_view_opens_on_the_latest_sweep(tmp_path: Path) -> None:
+    """After a day of notebook work the review is still of the sweep, as the report's."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment_id = ensure_experiment(client, "workbench", uri)
+    for start, name, tags in [(1, "older-sweep", {"sweep_id": "old", "sweep.role": "parent"}),
+                              (2, "sweep", {"sweep_id": "s-1", "sweep.role": "parent"}),
+                              (3, "point", {"sweep_id": "s-1", "sweep.role": "child"}),
+                              (4, "notebook", {})]:
+        run = client.create_run(experiment_id, start_time=start, run_name=name, tags=tags)
+        client.set_terminated(run.info.run_id, end_time=start + 1)
+    search = default_meeting_filter(client, experiment_id)
+    assert search == "attributes.status = 'FINISHED' and tags.`sweep_id` = 's-1'"
+    assert {r.info.run_name for r in client.search_runs([experiment_id], search)} == {
+        "sweep", "point"}

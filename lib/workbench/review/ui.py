@@ -4,12 +4,12 @@ The UI runs as a child in its own session, its output in ``<experiments>/logs/ui
 URL is printed once the server answers. Ctrl-C or SIGTERM stops the whole group (uvicorn, its
 workers, MLflow's job runner) quietly, so the port is free when the command returns.
 
-``--meeting`` prints a link to a view of the runs table made for a projector: finished runs
-(or ``--filter``), best reward first, the reward and the grid (num_envs, n_steps, seed, env)
-as columns, the run names wide enough to tell apart. MLflow's URL carries the filter and the
-sort but not the columns, so the view is stored the way MLflow's own "Share" button stores
-one: as an experiment tag ``mlflow.sharedViewState.<key>`` that ``?viewStateShareKey=<key>``
-names.
+``--meeting`` prints a link to a view of the runs table made for a projector: the latest
+sweep's finished runs (or ``--filter``), best reward first, the reward and the grid
+(num_envs, n_steps, seed, env) as columns, the run names wide enough to tell apart. MLflow's
+URL carries the filter and the sort but not the columns, so the view is stored the way
+MLflow's own "Share" button stores one: as an experiment tag
+``mlflow.sharedViewState.<key>`` that ``?viewStateShareKey=<key>`` names.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from urllib.parse import urlencode
 
 from workbench import paths, processes
 from workbench.config import ConfigError, load_config
+from workbench.review.selection import SWEEP_ID, latest_sweep_id, tag_filter
 from workbench.tracking.redaction import redact_uri
 from workbench.tracking.store import (
     get_experiment_or_explain,
@@ -69,7 +70,8 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
                              "reward and grid columns, full run names")
     parser.add_argument("--filter", metavar="EXPR", default=None,
                         help=f"the --meeting view's MLflow search filter (implies --meeting; "
-                             f"default: {MEETING_FILTER}), e.g. \"tags.sweep_id = 'ID'\"")
+                             f"default: {MEETING_FILTER} and the latest sweep's runs), e.g. "
+                             "\"tags.sweep_id = 'ID'\"")
 
 
 def column(kind: str, name: str) -> str:
@@ -124,6 +126,16 @@ def meeting_link(client: Any, base: str, experiment_id: str, search_filter: str,
     return f"{ui_link(base, experiment_id)}&{urlencode(query)}"
 
 
+def default_meeting_filter(client: Any, experiment_id: str) -> str:
+    """The meeting view's filter without ``--filter``: the finished runs of the experiment's
+    most recently active sweep, as ``workbench report`` picks it (after a day of notebook work
+    the table then opens on the sweep under review, not on notebook runs); the experiment's
+    finished runs when it holds no sweep."""
+    sweep_id = latest_sweep_id(client, [experiment_id])
+    clauses = tag_filter({SWEEP_ID: sweep_id}) if sweep_id else []
+    return " and ".join([MEETING_FILTER, *clauses])
+
+
 def meeting_run_names(client: Any, experiment_id: str, search_filter: str) -> list[str]:
     """The names of the runs the meeting view shows first; a filter MLflow cannot parse is bad
     input, reported before the server starts."""
@@ -163,9 +175,10 @@ def run_command(args: argparse.Namespace) -> int:
     experiment = get_experiment_or_explain(client, cfg.tracking.experiment, uri)
     experiment_id = experiment.experiment_id if experiment else None
     meeting = args.meeting or args.filter is not None
-    search_filter = args.filter if args.filter is not None else MEETING_FILTER
     url = f"http://{args.host}:{args.port}"
     if meeting and experiment_id is not None:
+        search_filter = args.filter if args.filter is not None else default_meeting_filter(
+            client, experiment_id)
         names = meeting_run_names(client, experiment_id, search_filter)
         page = meeting_link(client, url, experiment_id, search_filter, names)
     else:
