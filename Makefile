@@ -193,8 +193,11 @@ ui: setup
 report: setup
 	"$(PY)" -m workbench report $(ARGS)
 
+# conf/jupyter_lab_config.json: no news feed, toast or update check (nothing to fetch on a
+# training server, nothing to cover the notebook).
 lab: setup
-	"$(VENV)/bin/jupyter" lab --ip 127.0.0.1 --no-browser $(ALLOW_ROOT) notebooks/ $(ARGS)
+	"$(VENV)/bin/jupyter" lab --ip 127.0.0.1 --no-browser $(ALLOW_ROOT) \
+	  --config=conf/jupyter_lab_config.json notebooks/ $(ARGS)
 
 server: setup
 	"$(PY)" -m workbench server start $(ARGS)

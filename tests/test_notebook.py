@@ -50,6 +50,8 @@ def history(*cells: str) -> list[str]:
     return ["", *cells, "params = notebook.check_parameters(globals(), In)"]
 
 
+# What the notebook's training prints besides its figure and summary table: its header only.
+QUIET = ["console.progress_bar=false", "console.iteration_lines=false", "console.summary=false"]
 DEFAULTS = {"env": "hopper", "num_envs": 4, "n_steps": 512, "total_timesteps": 4096, "seed": 1,
             "overrides": [], "sweep_id": "", "parent_run_id": "", "point": "", "study": "",
             "trial": -1}
@@ -116,8 +118,8 @@ def test_injected_values_pass_and_map_to_overrides() -> None:
         {**DEFAULTS, "overrides": ["env.normalize=true"]},
         history("# Notebook parameters\nenv: str = 'x'", '# Parameters\nenv = "hopper"\n'),
     )
-    assert params.config_overrides() == [
-        "console.progress_bar=false", "env=hopper", "env.num_envs=4", "algo.n_steps=512",
+    assert params.config_overrides() == [*QUIET,
+        "env=hopper", "env.num_envs=4", "algo.n_steps=512",
         "total_timesteps=4096", "seed=1", "env.normalize=true"]
     assert params.run_tags() == {}
     assert params.run_info("notebooks/train.ipynb") == {
@@ -130,8 +132,7 @@ def test_a_resume_in_overrides_keeps_the_runs_shape() -> None:
     """``overrides = ["resume=<id>"]``, as the notebook's stop line says: the run keeps its
     env, rollout and seed, so the notebook passes only its budget and the overrides."""
     params = check_parameters({**DEFAULTS, "overrides": ["resume=abc123"]}, history())
-    assert params.config_overrides() == [
-        "console.progress_bar=false", "total_timesteps=4096", "resume=abc123"]
+    assert params.config_overrides() == [*QUIET, "total_timesteps=4096", "resume=abc123"]
 
 
 @pytest.mark.unit
@@ -291,8 +292,7 @@ def test_papermill_execution_logs_a_complete_run(store: Path, tmp_path: Path) ->
     assert manifest["run"]["started_by"] == "papermill"
     assert manifest["run"]["notebook"] == "notebooks/train.ipynb"
     assert manifest["run"]["papermill_parameters"] == TINY_PARAMETERS
-    assert manifest["run"]["overrides"][:3] == [
-        "console.progress_bar=false", "env=halfcheetah", "env.num_envs=2"]
+    assert manifest["run"]["overrides"][:5] == [*QUIET, "env=halfcheetah", "env.num_envs=2"]
 
     nb = nbformat.read(output, as_version=4)
     outputs = {cell.id: cell.outputs for cell in nb.cells if cell.cell_type == "code"}

@@ -26,6 +26,7 @@ from workbench import processes
 
 from . import reportdata
 from .browser import save_screenshot
+from .conftest import ROOT
 from .teamserver import free_port
 
 JUPYTER = Path(sys.executable).parent / "jupyter"
@@ -33,13 +34,12 @@ START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0
 WIDTH, HEIGHT = 1280, 720
 MIN_FONT_PX = 12.0
-# JupyterLab's user settings: no news or update check (no network, no notification over the
-# page); every cell laid out, so the outputs below the screen can be measured too (by default
-# JupyterLab skips laying out cells out of view: CSS content-visibility).
-SETTINGS = {"@jupyterlab/apputils-extension/notification.jupyterlab-settings":
-            {"fetchNews": "false", "checkForUpdates": False},
-            "@jupyterlab/notebook-extension/tracker.jupyterlab-settings":
+# JupyterLab's user settings: every cell laid out, so the outputs below the screen can be
+# measured too (by default JupyterLab skips laying out cells out of view: CSS
+# content-visibility). News and update checks are off by make lab's own config.
+SETTINGS = {"@jupyterlab/notebook-extension/tracker.jupyterlab-settings":
             {"windowingMode": "none"}}
+LAB_CONFIG = ROOT / "conf" / "jupyter_lab_config.json"  # what make lab starts JupyterLab with
 
 
 @contextlib.contextmanager
@@ -67,7 +67,7 @@ def jupyter_lab(root: Path, home: Path) -> Iterator[str]:
             [str(JUPYTER), "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
              f"--port={port}", "--ServerApp.port_retries=0", "--IdentityProvider.token=",
              "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
-             f"--ServerApp.root_dir={root}"],
+             f"--ServerApp.root_dir={root}", f"--config={LAB_CONFIG}"],
             env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
     started: list[psutil.Process] = []
     try:
@@ -126,15 +126,24 @@ def read_in_lab(browser: object, url: str, notebook: Path, tmp_path: Path) -> No
         "return document.querySelector('.jp-Notebook .workbench-summary') !== null "
         "&& Array.from(document.querySelectorAll('.jp-Notebook img')).every(i => i.complete "
         "&& i.naturalWidth > 0);"))
+    # Nothing in front of the notebook: no news toast, no tab beside it (make lab's config).
+    assert browser.execute_script(
+        "return document.querySelectorAll('.Toastify__toast').length;") == 0
+    tabs = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.lm-DockPanel-tabBar .lm-TabBar-tab'))"
+        ".map(t => t.innerText.trim());")
+    assert tabs == [notebook.name], tabs
     run_id = executed_run_id(notebook)
     shown = browser.execute_script(
         "return Array.from(document.querySelectorAll('.jp-Notebook .jp-OutputArea-output'))"
         ".map(o => o.innerText).join('\\n');")
     assert f"MLflow run id: {run_id}" in shown
-    for line in ("rollout     : ", "budget      : ", "it 1/", "final eval reward",
+    for line in ("rollout     : ", "budget      : ", "final eval reward",
                  f"workbench export --run {run_id} for ONNX)",  # the summary's values in full
                  f"resume={run_id} total_timesteps=<more> continues it)"):
         assert line in shown, line
+    # The figure shows the iterations and the table the summary: no line repeats them.
+    assert "it 1/" not in shown and "Training summary" not in shown
     # Nothing scrolls or is cut sideways: the notebook, each output, its text and tables.
     overflowing = browser.execute_script(
         "const n = document.querySelector('.jp-WindowedPanel-outer');"

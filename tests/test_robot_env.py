@@ -24,7 +24,7 @@ from workbench.envs.robots.duck import MiniDuckEnv, RewardWeights
 from workbench.envs.robots.rendering import RenderingUnavailable
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_envs, make_eval_env
-from workbench.notebook import CLIP_FRACTION_WARNING
+from workbench.review.diagnostics import Thresholds
 from workbench.training import load_config, train
 from workbench.training.callbacks import RewardComponentsCallback, reward_component_callbacks
 from workbench.training.model import build_model
@@ -383,5 +383,5 @@ def test_short_training_beats_random_and_untrained(store: Path, tmp_path: Path) 
     # the warning level (0.3), even while the return climbs (it ran at 0.36-0.49 throughout
     # with 10 epochs an update).
     clip = [m.value for m in client.get_metric_history(result.run_id, "train/clip_fraction")]
-    high = [value > CLIP_FRACTION_WARNING for value in clip]
+    high = [value > Thresholds().clip_fraction_max for value in clip]
     assert sum(high) <= len(clip) // 4, clip

@@ -25,6 +25,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import KVWriter
 
 from workbench.config import ConfigError
+from workbench.review.diagnostics import Thresholds
 from workbench.sweeps.point import point_tags_from_env
 from workbench.tracking.store import make_client
 from workbench.tracking.writer import LATE_PREFIXES, late_prefixes, numeric_items
@@ -63,8 +64,10 @@ REWARD_CURVE = ("rollout/ep_rew_mean", "episode reward (mean)")
 # PPO's panels; other algorithms show their own (training/algorithms.py, Algorithm.curves)
 CURVES: tuple[tuple[str, str], ...] = (REWARD_CURVE, *algorithms.algorithm("ppo").curves)
 EVAL_KEY = "eval/mean_reward"
-# Field notes: a clip fraction near or above 0.3 means each update moves the policy too far.
-CLIP_FRACTION_WARNING = 0.3
+# The report's diagnostic thresholds, drawn in: a clip fraction near or above 0.3, or an approx
+# KL above 0.05, means each update moves the policy too far.
+WARNING_LINES = {"train/clip_fraction": Thresholds().clip_fraction_max,
+                 "train/approx_kl": Thresholds().approx_kl_max}
 # The live figure: 820x460 px, so JupyterLab at 1280 px with its file browser open shows it
 # unscaled (833 px of output width), and matplotlib's 10 pt tick labels are 14 px on screen.
 CURVES_SIZE_IN = (8.2, 4.6)
@@ -100,8 +103,10 @@ class NotebookParameters:
     def config_overrides(self) -> list[str]:
         """Hydra overrides for ``load_config``; ``overrides`` come last, so they win.
 
-        The tqdm bar is off by default here: the live curves show progress and a bar would
-        fill a papermill-executed notebook with carriage-return updates. A resumed run keeps
+        The tqdm bar, the per-iteration lines and the console's summary table are off here:
+        the live curves show the iterations (a bar would fill a papermill-executed notebook
+        with carriage-return updates, and 40 lines would follow the figure), and the
+        notebook's own summary table shows the same facts as the console's. A resumed run keeps
         its own environment, rollout and seed, so with ``resume=`` the notebook passes only
         its budget (``total_timesteps``) and ``overrides``. ``n_steps=0`` passes no
         ``algo.n_steps``: the off-policy algorithms (``algo=sac`` in ``overrides``) have none.
@@ -112,7 +117,8 @@ class NotebookParameters:
             *([f"algo.n_steps={self.n_steps}"] if self.n_steps > 0 else []),
         ]
         return [
-            "console.progress_bar=false",
+            "console.progress_bar=false", "console.iteration_lines=false",
+            "console.summary=false",
             *run_shape,
             f"total_timesteps={self.total_timesteps}",
             *([] if self.resumes else [f"seed={self.seed}"]),
@@ -410,9 +416,10 @@ def curves_figure(points: Mapping[str, Sequence[tuple[int, float]]], total: int,
     if evals:
         steps, values = zip(*evals, strict=True)
         axes[0].plot(steps, values, "o--", label="eval (deterministic)")
-        axes[0].legend(loc="lower right")
-    if curves[2][0] == "train/clip_fraction":
-        axes[2].axhline(CLIP_FRACTION_WARNING, color="tab:red", linestyle=":", linewidth=1)
+        axes[0].legend(loc="upper left")  # a rising curve ends at the right: keep it clear
+    for ax, (key, _) in zip(axes, curves, strict=True):
+        if key in WARNING_LINES:
+            ax.axhline(WARNING_LINES[key], color="tab:red", linestyle=":", linewidth=1)
     for ax in axes[2:]:
         ax.set_xlabel("environment steps")
     return figure

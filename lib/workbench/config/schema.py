@@ -202,6 +202,7 @@ class ConsoleConfig:
 
     progress_bar: bool = True  # tqdm bar over environment steps
     iteration_lines: bool = True  # one concise summary line per PPO iteration
+    summary: bool = True  # the "Training summary" table at the end
 
 
 @dataclass

@@ -153,7 +153,8 @@ def train_prepared(
         best_checkpoint=(BestCheckpoint(recovery.best.step, recovery.best.mean)
                          if recovery.best_step is not None and recovery.best else None),
     )
-    print_result(result)
+    if cfg.console.summary:
+        print_result(result)
     return result
 
 
