@@ -5,6 +5,7 @@ line and the run still finishes."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import os
@@ -163,6 +164,13 @@ def test_the_final_video_stops_at_its_budget_and_says_so() -> None:
     assert recorder.summary(4.0).endswith(
         "rendering added 3.0 s, 75% of training time; cut at the video budget (25% of training "
         "time, at least 2 s: video.max_share=null records whole episodes)")
+    assert "episode cut" in recorder.summary(4.0)
+    # A cut episode's return depends on how loaded the machine was: it is not logged.
+    for cut_short, logged in ((True, set()), (False, {"video/episode_return"})):
+        shown = dataclasses.replace(recorder.final, cut=cut_short)
+        recorder.record = lambda *args, shown=shown, **kw: shown  # type: ignore[method-assign]
+        metrics = recorder.record_final(None, None, None, 4.0)
+        assert set(metrics) - {"video/render_seconds", "video/frames"} == logged
 
 
 @pytest.mark.unit

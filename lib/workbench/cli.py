@@ -334,7 +334,8 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {
-    "train": Command("train one PPO run; prints its MLflow run id", setup_train),
+    "train": Command("train one run (algo=ppo|a2c|sac|td3|tqc|crossq); prints its MLflow "
+                     "run id", setup_train),
     "sweep": Command("sweep notebooks/train.ipynb over a grid of config keys x sweep.seeds "
                      "with papermill: sweep.grid={KEY:[VALUES],...} and/or sweep.num_envs x "
                      "sweep.n_steps", setup_sweep),
@@ -378,7 +379,8 @@ def build_parser(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, dict[str
     """
     parser = Parser(
         prog="workbench", allow_abbrev=False,
-        description="Experiment workbench for deep RL on robots (PPO on MuJoCo, MLflow, Hydra).",
+        description="Experiment workbench for deep RL on robots (PPO, A2C, SAC, TD3, TQC and "
+                    "CrossQ on MuJoCo; MLflow, Hydra).",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     runners: dict[str, Runner] = {}

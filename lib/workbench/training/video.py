@@ -103,8 +103,9 @@ class VideoRecorder:
                                  video_budget(self.max_share, wall_s))
         metrics = {"video/render_seconds": self.seconds}
         if self.final is not None:
-            metrics.update({"video/frames": float(self.final.frames),
-                            "video/episode_return": self.final.episode_return})
+            metrics["video/frames"] = float(self.final.frames)
+            if not self.final.cut:  # a cut episode's return depends on the machine's load
+                metrics["video/episode_return"] = self.final.episode_return
         return metrics
 
     def summary(self, wall_s: float) -> str:
@@ -118,9 +119,9 @@ class VideoRecorder:
         cut = (f"; cut at the video budget ({self.max_share:.0%} of training time, at least "
                f"{MIN_VIDEO_SECONDS:g} s: video.max_share=null records whole episodes)"
                if v.cut and self.max_share is not None else "")
+        shown = "episode cut" if v.cut else f"return {v.episode_return:.1f}"
         return (f"{v.artifact} ({v.frames} frames {v.size[0]}x{v.size[1]} at {v.fps:g} fps, "
-                f"return {v.episode_return:.1f}); rendering added {self.seconds:.1f} s"
-                f"{share}{cut}")
+                f"{shown}); rendering added {self.seconds:.1f} s{share}{cut}")
 
 
 def video_budget(max_share: float | None, wall_s: float) -> float | None:
