@@ -83,6 +83,7 @@ def test_a_crash_in_a_cell_keeps_papermills_traceback(tmp_path: Path) -> None:
     assert "papermill.exceptions.PapermillExecutionError" in tail
     assert "RuntimeError: boom" in tail
     assert "workbench: error" not in tail
+    assert "without encryption" not in done.stderr  # the kernel's transport is encrypted
 
 
 # --------------------------------------------------------------------------- the hook
@@ -143,6 +144,7 @@ def test_the_hook_prints_one_line_or_hands_over(tmp_path: Path,
 
 @pytest.mark.unit
 def test_install_is_idempotent_and_papermill_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(notebook_errors, "encrypt_kernel_transport", lambda: None)
     original = sys.excepthook
     monkeypatch.setattr(sys, "excepthook", original)
     monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "pytest"])

@@ -228,7 +228,7 @@ def test_a_grid_crosses_any_keys_with_seeds_and_names_points_by_what_varies() ->
     assert spec.tags["workbench.config_id"] == config_id(walker)
     assert specs["lr1e-4-walker2d-s0"].tags["workbench.config_id"] == config_id(walker)
     assert specs["lr3e-4-walker2d-s1"].tags["workbench.config_id"] != config_id(walker)
-    assert "algo.learning_rate [0.0001, 0.0003] x env ['hopper', 'walker2d'] x seeds [0, 1] = " \
+    assert "algo.learning_rate [1e-4, 3e-4] x env [hopper, walker2d] x seeds [0, 1] = " \
         "8 points" in plan.describe()
 
 
@@ -559,6 +559,7 @@ def test_a_point_whose_training_finished_before_the_timeout_is_finished(
     assert outcome.final_reward is not None and outcome.train_s is not None
     again = point_module.execute_point(spec, output)  # a resumed sweep sees the same
     assert again.status == "SKIPPED" and again.run_id == run.info.run_id
+    assert again.wall_s == pytest.approx(outcome.wall_s)  # its point time, kernel included
 
 
 def kernels_of(pid: int) -> list[psutil.Process]:
@@ -656,6 +657,7 @@ def test_a_background_sweep_stops_on_sigint(store: Path) -> None:
     (parent,) = runs_of("parent")
     assert (run.info.status, parent.info.status) == ("KILLED", "KILLED")
     assert not [k for k in kernels if k.is_running() and k.status() != psutil.STATUS_ZOMBIE]
+    assert "Kernel died while waiting" not in err  # the KILLED line says why, once
 
 
 @pytest.mark.unit

@@ -448,3 +448,23 @@ def test_artifacts_live_beside_a_store_elsewhere(tmp_path: Path, monkeypatch: py
     assert not (tmp_path / "experiments" / "mlartifacts").exists()
     header = capsys.readouterr().out  # says where the artifacts are
     assert re.search(rf"^artifacts +: {re.escape(result.artifact_uri)}$", header, re.M), header
+
+
+@pytest.mark.unit
+def test_the_progress_bar_counts_the_steps_training_runs() -> None:
+    """SB3 trains whole rollouts: 40,000 steps at 4 x 256 run 40,960, which the bar's total
+    is (it read '40960/40000 steps (102%)')."""
+    from workbench.envs.spec import EnvSpec
+    from workbench.envs.vector import make_eval_env
+    from workbench.training.progress import ProgressBarCallback
+    from workbench.training.trainer import build_callbacks
+
+    cfg = load_config(["env=inverted_pendulum", "env.num_envs=4", "algo.n_steps=256",
+                       "total_timesteps=40000"])
+    env = make_eval_env(EnvSpec.from_config(cfg))
+    try:
+        (bar,) = [c for c in build_callbacks(cfg, env, env, 1024)
+                  if isinstance(c, ProgressBarCallback)]
+    finally:
+        env.close()
+    assert bar.total == 40960

@@ -12,9 +12,13 @@ site-packages (``make setup`` writes it with ``python -m workbench.notebook_erro
 line only. That hook prints the workbench's line and where the executed notebook was written,
 and hands every other error (a real crash in a cell) to the previous hook unchanged.
 
+The same hook has papermill's kernel talk to it over an encrypted transport
+(:func:`encrypt_kernel_transport`), which papermill's command line has no option for either.
+
 The ``.pth`` line runs at every interpreter start in the environment, so it compares a string
 first and imports this module only for papermill; this module imports nothing beyond the
-standard library (never papermill or torch), and a missing package costs nothing.
+standard library at import (never papermill or torch; jupyter_client and zmq, which papermill
+loads anyway, once it runs), and a missing package costs nothing.
 """
 
 from __future__ import annotations
@@ -112,10 +116,31 @@ class OneLineHook:
 
 def install() -> None:
     """Set the one-line hook when this interpreter runs papermill's command line (idempotent:
-    ``site`` may read the same site-packages twice, e.g. through a ``lib64`` link)."""
+    ``site`` may read the same site-packages twice, e.g. through a ``lib64`` link), and
+    encrypt its kernel's transport."""
     if not is_papermill_cli(sys.argv, sys.orig_argv) or isinstance(sys.excepthook, OneLineHook):
         return
     sys.excepthook = OneLineHook(sys.excepthook)
+    encrypt_kernel_transport()
+
+
+def encrypt_kernel_transport() -> None:
+    """papermill's kernel talks to it over CurveZMQ-encrypted TCP, not plain text.
+
+    jupyter_client's kernel manager provisions CurveZMQ keys for a kernel whose spec declares
+    support (ipykernel's does) when ``transport_encryption`` is ``auto``; its default is
+    ``disabled``, and ipykernel then warns at every start that code and outputs travel in
+    plain text. papermill's command line takes no kernel manager option, so the trait's
+    default is set here, for papermill's command line only (``workbench sweep`` sets it on
+    its own kernel manager). Nothing changes where libzmq lacks CurveZMQ.
+    """
+    try:
+        import zmq
+        from jupyter_client.manager import KernelManager
+    except ImportError:
+        return
+    if zmq.has("curve"):
+        KernelManager.class_traits()["transport_encryption"].default_value = "auto"
 
 
 def installed_pth() -> Path:

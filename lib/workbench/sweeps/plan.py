@@ -16,7 +16,7 @@ from typing import Any
 from workbench import paths
 from workbench.config import ConfigError
 from workbench.envs.checks import check_config
-from workbench.sweeps.grid import plain
+from workbench.sweeps.grid import plain, value_text
 from workbench.sweeps.request import Point, SweepRequest, check_request
 from workbench.sweeps.request import expand_grid as expand_grid  # the grid's API, as before
 from workbench.sweeps.request import point_name as point_name
@@ -70,7 +70,8 @@ class SweepPlan:
     def grid_line(self) -> str:
         """``num_envs [1, 2] x n_steps [64, 128] x seeds [0]``, a grid sweep's keys first."""
         params = self.grid_params()
-        axes = [f"{key} {values}" for key, values in self.grid.items()]
+        axes = [f"{key} [{', '.join(value_text(v) for v in values)}]"
+                for key, values in self.grid.items()]
         if not self.grid or any(k == "env.num_envs" for k, _ in self.points[0].keys):
             axes.append(f"num_envs {params['sweep.num_envs']}")
         if not self.grid or any(k == "algo.n_steps" for k, _ in self.points[0].keys):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import threading
@@ -38,6 +39,8 @@ KERNEL_START_ATTEMPTS = 2  # a kernel that never answered (no cell ran) is start
 STOP_GRACE_S = 15.0  # after SIGINT, a kernel gets this long to mark its run and close its envs
 FINISHED, FAILED, KILLED, SKIPPED = "FINISHED", "FAILED", "KILLED", "SKIPPED"
 POINT_ARTIFACTS = "point"  # a point run's executed notebook and kernel log
+# The point's wall time, kernel start included, logged on its FINISHED run.
+POINT_WALL_KEY = "sweep/point_wall_s"
 # Tags known only where the point runs (the Ray node), as a JSON object in the kernel's
 # environment; the notebook adds them to the point's run (workbench.notebook).
 POINT_TAGS_ENV = "WORKBENCH_POINT_TAGS"
@@ -179,10 +182,19 @@ class PointKernel:
         jupyter_client's own ``start_kernel`` option for the kernel's environment.
         """
         from jupyter_client.manager import AsyncKernelManager
+        from traitlets import default
 
         kernel = self
 
         class PointKernelManager(AsyncKernelManager):  # type: ignore[misc]
+            @default("transport_encryption")
+            def _encrypted(self) -> str:
+                """CurveZMQ keys for the kernel where libzmq has them: code and outputs
+                never travel in plain text (ipykernel warns otherwise)."""
+                import zmq
+
+                return "auto" if zmq.has("curve") else "disabled"
+
             async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]
                 with kernel.log_file() as log:
                     await super().start_kernel(**{**kw, "env": kernel.env, "stdout": log,
@@ -298,6 +310,8 @@ def execute_claimed_point(spec: PointSpec, output: Path, kernel: PointKernel | N
     if run is not None:
         attach_point_files(client, run.info.run_id, output)
     if run is not None and run.info.status == FINISHED:
+        with contextlib.suppress(Exception):  # a resumed sweep's SKIPPED row reads it back
+            client.log_metric(run.info.run_id, POINT_WALL_KEY, wall)
         # The run is the point's result. When the kernel was stopped (sweep.timeout, Ctrl-C)
         # or a cell failed after training had finished, the point is FINISHED all the same,
         # as its run says and as a resumed sweep will see it; the note says what was cut.
@@ -328,6 +342,23 @@ def attach_point_files(client: MlflowClient, run_id: str, output: Path) -> None:
                   f"{type(exc).__name__}: {first_line(str(exc))}", flush=True)
 
 
+class KernelDeathLine(logging.Filter):
+    """Drops nbclient's "Kernel died while waiting for execute reply." (logged through
+    papermill's logger just before it raises): the point's own line says it, and why (the
+    sweep was stopped, a timeout, a crash), so on Ctrl-C it no longer stands between the
+    KILLED lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "Kernel died while waiting for execute reply."
+
+
+def quiet_kernel_deaths() -> None:
+    """Install :class:`KernelDeathLine` on papermill's logger, once."""
+    log = logging.getLogger("papermill")
+    if not any(isinstance(f, KernelDeathLine) for f in log.filters):
+        log.addFilter(KernelDeathLine())
+
+
 def run_papermill(spec: PointSpec, output: Path, kernel: PointKernel) -> str | None:
     """One papermill execution; returns the error line, or None when every cell ran."""
     import papermill
@@ -336,6 +367,7 @@ def run_papermill(spec: PointSpec, output: Path, kernel: PointKernel) -> str | N
     from papermill.exceptions import PapermillExecutionError
 
     source = paths.project_root() / NOTEBOOK
+    quiet_kernel_deaths()
     try:
         for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
             try:
@@ -494,8 +526,10 @@ def settle_runs(client: MlflowClient, spec: PointSpec, started: float, error: st
 
 def outcome_from_run(point: str, status: str, run: Run, wall_s: float | None = None,
                      notebook: str | None = None, started: float | None = None) -> PointOutcome:
-    """An outcome with the run's summary metrics."""
+    """An outcome with the run's summary metrics; the point's wall time (kernel start
+    included) as the sweep measured it, else the run's own start to end."""
     metrics = run.data.metrics
+    wall_s = wall_s if wall_s is not None else metrics.get(POINT_WALL_KEY)
     if wall_s is None and run.info.end_time:
         wall_s = (run.info.end_time - run.info.start_time) / 1000.0
     return PointOutcome(

@@ -23,7 +23,7 @@ from stable_baselines3.common.vec_env import VecEnv
 
 import workbench.training.algorithms as algorithms
 from workbench import console
-from workbench.config import OffPolicyConfig, WorkbenchConfig
+from workbench.config import OffPolicyConfig, WorkbenchConfig, derive
 from workbench.envs.vector import make_envs, make_eval_env
 from workbench.envs.video import VideoSettings
 from workbench.tracking.logged_models import BestCheckpoint
@@ -193,8 +193,9 @@ def build_callbacks(cfg: WorkbenchConfig, train_env: VecEnv, eval_env: VecEnv,
         timing,
         *reward_component_callbacks(train_env),
     ]
-    if cfg.console.progress_bar:
-        callbacks.append(ProgressBarCallback(cfg.total_timesteps))
+    if cfg.console.progress_bar:  # over the steps it will run: whole rollouts, past the budget
+        rollout = derive(cfg).rollout_size
+        callbacks.append(ProgressBarCallback(-(-cfg.total_timesteps // rollout) * rollout))
     return callbacks
 
 
