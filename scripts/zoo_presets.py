@@ -3,8 +3,8 @@
 rl-baselines3-zoo (DLR-RM/rl-baselines3-zoo, ``rl_zoo3`` on PyPI; Raffin et al.) keeps tuned
 values per algorithm and task in ``hyperparams/<algo>.yml``. This script translates its entries
 into Hydra presets of the workbench, each naming the entry it came from in its header:
-PPO's for every task of ``conf/env/`` the zoo lists (``zoo_<task>``, on ``algo=ppo_sb3``) and
-A2C's, SAC's, TD3's, TQC's and CrossQ's for the six MuJoCo tasks (``zoo_<algo>_<task>``).
+PPO's (``zoo_<task>``, on ``algo=ppo_sb3``) and A2C's, SAC's, TD3's, TQC's and CrossQ's
+(``zoo_<algo>_<task>``) for every task of ``conf/env/`` the zoo has an entry for.
 By default it reads the rl_zoo3 installed in this environment (``make setup``: the ``zoo``
 extra, pinned in pyproject.toml), else a folder or wheel:
 
@@ -36,13 +36,19 @@ ALGOS = {"ppo": "PPO", "a2c": "A2C", "sac": "SAC", "td3": "TD3", "tqc": "TQC",
 # the zoo's -v4 entries, applied to the workbench's -v5 tasks (conf/env/<task>.yaml)
 TASKS = {"HalfCheetah-v4": "halfcheetah", "Hopper-v4": "hopper", "Walker2d-v4": "walker2d",
          "Ant-v4": "ant", "Humanoid-v4": "humanoid", "Swimmer-v4": "swimmer"}
-# PPO's file has entries for more of conf/env/'s tasks (its -v2 ones applied to -v5 too)
-PPO_TASKS = {**TASKS, "HumanoidStandup-v2": "humanoid_standup",
+# Every entry id of conf/env/'s tasks the zoo's files use (its -v2 ones applied to -v5 too),
+# in order of preference where a task has two (PPO's HumanoidStandup-v2, CrossQ's -v4): each
+# algorithm gets a preset wherever its file has one of them.
+ZOO_TASKS = {**TASKS, "HumanoidStandup-v2": "humanoid_standup",
+             "HumanoidStandup-v4": "humanoid_standup",
              "InvertedDoublePendulum-v2": "inverted_double_pendulum",
              "InvertedPendulum-v2": "inverted_pendulum", "Reacher-v2": "reacher",
              "Pendulum-v1": "pendulum", "CartPole-v1": "cartpole", "Acrobot-v1": "acrobot",
              "MountainCar-v0": "mountain_car",
              "MountainCarContinuous-v0": "mountain_car_continuous"}
+# Entries the workbench cannot express, left out on purpose (any other one stops the script).
+UNEXPRESSED = {("td3", "MountainCarContinuous-v0"):
+               "Ornstein-Uhlenbeck action noise (algo.action_noise_std is Gaussian)"}
 ACTIVATIONS = {"nn.ReLU": "relu", "nn.Tanh": "tanh", "nn.ELU": "elu"}
 # zoo key -> workbench key (the rest: see translate)
 SAME = ("learning_starts", "buffer_size", "batch_size", "train_freq", "gradient_steps", "gamma",
@@ -71,9 +77,14 @@ def installed_version() -> str:
     return version("rl_zoo3")
 
 
-def tasks(algo: str) -> dict[str, str]:
-    """The zoo's entry ids this script reads for ``algo`` -> the workbench's task."""
-    return PPO_TASKS if algo == "ppo" else TASKS
+def tasks(entries: Mapping[str, Any]) -> dict[str, str]:
+    """The zoo's entry ids of one ``hyperparams/<algo>.yml`` this script reads -> the
+    workbench's task: one id per task, the first of :data:`ZOO_TASKS` the file has."""
+    found: dict[str, str] = {}
+    for zoo_id, task in ZOO_TASKS.items():
+        if zoo_id in entries and task not in found.values():
+            found[zoo_id] = task
+    return found
 
 
 def preset_name(algo: str, task: str) -> str:
@@ -96,11 +107,13 @@ def read_hyperparams(source: Path, algo: str) -> dict[str, Any]:
 def zoo_entry(algo: str, task: str, source: Path | None = None) -> tuple[str, dict[str, Any]]:
     """The zoo's id and entry for ``task`` (a conf/env option) in ``hyperparams/<algo>.yml``
     (default: the installed rl_zoo3's), YAML merge keys resolved."""
-    zoo_id = next((k for k, v in tasks(algo).items() if v == task), None)
+    entries = read_hyperparams(source or installed_hyperparams(), algo)
+    known = tasks(entries)
+    zoo_id = next((k for k, v in known.items() if v == task), None)
     if zoo_id is None:
         raise ZooEntryError(f"{task}: rl-baselines3-zoo has no {ALGOS[algo]} entry this "
-                            f"script reads; choose one of {', '.join(tasks(algo).values())}")
-    return zoo_id, read_hyperparams(source or installed_hyperparams(), algo)[zoo_id]
+                            f"script reads; choose one of {', '.join(known.values())}")
+    return zoo_id, entries[zoo_id]
 
 
 def zoo_experiment(task: str, env_id: str, folder: Path, **kwargs: Any) -> tuple[str, Any, Any]:
@@ -194,7 +207,7 @@ def network(kwargs: Mapping[str, Any], algo: str) -> dict[str, Any]:
                 out["pi"], out[critic] = list(value), list(value)
             else:
                 out.update({("pi" if k == "pi" else critic): list(v) for k, v in value.items()})
-        elif key in ("log_std_init", "n_critics", "n_quantiles", "ortho_init"):
+        elif key in ("log_std_init", "n_critics", "n_quantiles", "ortho_init", "use_expln"):
             out[key] = value
         elif key == "activation_fn":
             out["activation"] = ACTIVATIONS[value]
@@ -236,8 +249,8 @@ def presets(source: Path, version: str) -> dict[Path, str]:
     out: dict[Path, str] = {}
     for algo in ALGOS:
         entries = read_hyperparams(source, algo)
-        for zoo_id, task in tasks(algo).items():
-            if zoo_id not in entries:
+        for zoo_id, task in tasks(entries).items():
+            if (algo, zoo_id) in UNEXPRESSED:
                 continue
             try:
                 values = translate(entries[zoo_id], algo)

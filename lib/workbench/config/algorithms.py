@@ -124,6 +124,7 @@ class SquashedPolicyConfig(QPolicyConfig):
     """A tanh-squashed Gaussian actor (SAC, TQC, CrossQ)."""
 
     log_std_init: float = ranged(-3.0, example=-3.0)  # initial log std (with use_sde)
+    use_expln: bool = False  # with use_sde: expln() instead of exp() keeps the std positive
 
 
 @dataclass
@@ -224,6 +225,8 @@ class CrossQConfig(OffPolicyConfig):
     ent_coef: str = "auto"  # as SAC's
     target_entropy: str = "auto"  # as SAC's
     policy_delay: int = ranged(3, 1, example=3)  # critic updates per actor update
+    use_sde: bool = False  # generalized State-Dependent Exploration, as SAC's
+    sde_sample_freq: int = ranged(-1, -1, example=4)
     policy: CrossQPolicyConfig = field(default_factory=CrossQPolicyConfig)
 
 

@@ -128,7 +128,8 @@ def _td3(a: TD3Config) -> dict[str, Any]:
 
 def _crossq(a: CrossQConfig) -> dict[str, Any]:
     return {**_off_policy(a), "ent_coef": _coefficient(a.ent_coef),
-            "target_entropy": _coefficient(a.target_entropy), "policy_delay": a.policy_delay}
+            "target_entropy": _coefficient(a.target_entropy), "policy_delay": a.policy_delay,
+            "use_sde": a.use_sde, "sde_sample_freq": a.sde_sample_freq}
 
 
 def _q_policy(a: OffPolicyConfig) -> dict[str, Any]:
@@ -136,7 +137,7 @@ def _q_policy(a: OffPolicyConfig) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"net_arch": {"pi": list(p.pi), "qf": list(p.qf)},
                               "activation_fn": ACTIVATIONS[p.activation],
                               "n_critics": p.n_critics}
-    for key in ("log_std_init", "n_quantiles", "batch_norm", "batch_norm_momentum",
+    for key in ("log_std_init", "use_expln", "n_quantiles", "batch_norm", "batch_norm_momentum",
                 "batch_norm_eps", "renorm_warmup_steps"):
         if hasattr(p, key):
             kwargs[key] = getattr(p, key)
