@@ -225,3 +225,20 @@ def test_zoo_presets_carry_the_zoos_entries() -> None:
     assert (swimmer.env.normalize, swimmer.env.norm_gamma) == (True, 0.9999)
     car = load_config(["experiment=zoo_mountain_car_continuous"])
     assert (car.algo.policy.log_std_init, car.algo.max_grad_norm) == (-3.29, 5.0)
+
+
+@pytest.mark.unit
+def test_an_off_policy_algo_takes_one_env_unless_told_otherwise() -> None:
+    """SAC as a newcomer runs it (algo=sac env=pendulum) gets its library's replay ratio, not
+    PPO's 16 envs; the command line, a preset, debug and ~algo_env still decide."""
+    envs = {tuple(o): config.load_config(o).env.num_envs for o in (
+        ["algo=sac", "env=pendulum"], ["algo=td3"], ["algo=tqc"], ["algo=crossq"],
+        ["algo=sac", "env.num_envs=4"], ["algo=sac", "~algo_env"], ["algo=sac", "debug=tiny"],
+        ["experiment=zoo_sac_halfcheetah"], ["algo=ppo"], ["algo=a2c"])}
+    assert envs == {("algo=sac", "env=pendulum"): 1, ("algo=td3",): 1, ("algo=tqc",): 1,
+                    ("algo=crossq",): 1, ("algo=sac", "env.num_envs=4"): 4,
+                    ("algo=sac", "~algo_env"): 16, ("algo=sac", "debug=tiny"): 2,
+                    ("experiment=zoo_sac_halfcheetah",): 1, ("algo=ppo",): 16,
+                    ("algo=a2c",): 16}
+    with pytest.raises(ConfigError, match=r"the algo_env group is chosen from algo"):
+        config.load_config(["algo_env=null"])

@@ -61,11 +61,12 @@ def config_epilog() -> str:
     """The config groups with their options, and the presets (``train --help``)."""
     lines = ["config groups (choose with GROUP=OPTION, e.g. env=hopper):"]
     for group in config.GROUPS:
-        if group in ("experiment", "tuning"):
+        if group in ("experiment", *config.CHOSEN_GROUPS):
             continue
         lines.append(f"  {group:<10} {', '.join(config.group_options(group))}")
-    lines.append("  tuning     chosen from algo and env (conf/tuning/<algo>_<env>.yaml): "
-                 f"{', '.join(config.group_options('tuning'))}; ~tuning leaves it out")
+    for group, origin in config.CHOSEN_GROUPS.items():
+        lines.append(f"  {group:<10} chosen from {origin}: "
+                     f"{', '.join(config.group_options(group))}; ~{group} leaves it out")
     lines.append("presets (experiment=NAME): " + ", ".join(config.group_options("experiment")))
     lines.append("print the composed config without training: workbench train --cfg job "
                  "[OVERRIDES]")
@@ -115,6 +116,10 @@ def setup_sweep(parser: argparse.ArgumentParser) -> Runner:
     def run(args: argparse.Namespace) -> int:
         # before MLflow, torch, the simulator
         checked = request.check_request(args.overrides, yes=args.yes)
+        if checked.sweep.verify.margin is not None:  # sweep=verify: stages until decided
+            from workbench.review import verification
+
+            return verification.run_command(checked, args.overrides, args.yes)
         from workbench.sweeps.sweep import ClusterLost, run_sweep
 
         try:
@@ -231,7 +236,8 @@ def setup_report(parser: argparse.ArgumentParser) -> Runner:
 
 
 def setup_compare(parser: argparse.ArgumentParser) -> Runner:
-    """``workbench compare A B [--sweep ID] [--target R] [--allow-tasks] [--json] [OVERRIDES]``."""
+    """``workbench compare A B [--sweep ID] [--target R] [--margin M] [--allow-different-tasks]
+    [--json] [OVERRIDES]``."""
     from workbench.review import compare_request
 
     compare_request.add_cli_arguments(parser)

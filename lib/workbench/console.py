@@ -146,3 +146,12 @@ def progress(total: int | None, desc: str, unit: str, file: IO[str] | None = Non
     return tqdm(total=total, desc=desc or None, unit=unit, dynamic_ncols=True, file=stream,
                 leave=leave)
 
+
+
+def duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``3.2 h``: a span as a person reads it."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

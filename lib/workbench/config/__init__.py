@@ -34,6 +34,7 @@ from workbench.config.checks import (
     validate,
 )
 from workbench.config.compose import (
+    CHOSEN_GROUPS,
     GROUPS,
     SCHEMA_NAME,
     check_overrides,
@@ -69,6 +70,7 @@ from workbench.config.schema import (
     TunePruner,
     TuneSampler,
     VecEnvBackend,
+    VerifyConfig,
     VideoConfig,
     WorkbenchConfig,
     flatten,
@@ -80,12 +82,14 @@ from workbench.config.schema import (
 __all__ = [
     "ALGORITHMS", "A2CConfig", "CrossQConfig", "OffPolicyConfig", "OnPolicyConfig", "PPOConfig",
     "SACConfig", "TD3Config", "TQCConfig",
-    "GROUPS", "SCHEMA_NAME", "Activation", "AlgoConfig", "Device", "Schedule", "SweepExecutor",
+    "CHOSEN_GROUPS", "GROUPS", "SCHEMA_NAME", "Activation", "AlgoConfig", "Device", "Schedule",
+    "SweepExecutor",
     "VecEnvBackend", "CheckpointConfig", "CONFIG_ID_TAG", "ConfigError", "ConsoleConfig",
     "DERIVED_FROM", "Derived", "EnvConfig", "EvalConfig", "InitConfig", "PolicyConfig",
     "RandomizationConfig",
     "RayConfig", "ReproConfig", "SearchConfig", "SweepConfig", "TrackingConfig",
-    "TuneAggregate", "TuneConfig", "TuneObjective", "TunePruner", "TuneSampler", "VideoConfig",
+    "TuneAggregate", "TuneConfig", "TuneObjective", "TunePruner", "TuneSampler", "VerifyConfig",
+    "VideoConfig",
     "WorkbenchConfig",
     "MAX_NAME_LENGTH", "MAX_TAG_VALUE_LENGTH", "check_names",
     "check_overrides", "check_values", "compose", "conf_dir", "config_id", "derive", "flatten",

@@ -27,8 +27,11 @@ from workbench.config.errors import ConfigError
 from workbench.config.schema import WorkbenchConfig, schema_field
 
 SCHEMA_NAME = "workbench_schema"
+# Groups whose option follows from others (config.yaml's defaults list): -> where it comes from
+CHOSEN_GROUPS = {"tuning": "algo and env (conf/tuning/<algo>_<env>.yaml)",
+                 "algo_env": "algo (conf/algo_env/<algo>.yaml)"}
 INTERPOLATED_KEY = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")  # ${env.num_envs} inside a value
-GROUPS = ("env", "algo", "tuning", "experiment", "sweep", "search", "tracking", "video",
+GROUPS = ("env", "algo", "tuning", "algo_env", "experiment", "sweep", "search", "tracking", "video",
           "debug")
 
 
@@ -179,10 +182,10 @@ def check_overrides(overrides: Sequence[str]) -> None:
         key = override.key_or_group
         if override.is_add() or override.is_force_add() or override.is_delete():
             continue  # the user asked for Hydra's explicit append/delete semantics
-        if key == "tuning" and override.value() is None:
+        if key in CHOSEN_GROUPS and override.value() is None:
             raise ConfigError(
-                f"override {text!r}: the tuning group is chosen from algo and env "
-                "(conf/tuning/<algo>_<env>.yaml); write ~tuning to compose without it"
+                f"override {text!r}: the {key} group is chosen from "
+                f"{CHOSEN_GROUPS[key]}; write ~{key} to compose without it"
             )
         if key in GROUPS:
             _check_group_option(key, override.value())

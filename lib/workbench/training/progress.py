@@ -1,4 +1,5 @@
-"""What training prints while it runs: a line per iteration and a progress bar.
+"""What training prints while it runs: a line per iteration, a progress bar, and once the
+pace, with the training time the budget takes at it.
 
 A bare progress bar is not enough to debug RL: each iteration line shows reward, entropy, KL,
 clip fraction (off-policy: entropy coefficient, critic and actor loss) and the rollout/update
@@ -8,6 +9,7 @@ time split. Both are SB3 extension points (a logger
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from stable_baselines3.common.logger import KVWriter
@@ -101,3 +103,45 @@ class ProgressBarCallback(LocalsFreeCallback):
     def _on_training_end(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+PACE_AFTER_S = 15.0  # training seconds before the pace line: past start-up, early enough
+
+
+class PaceLine(LocalsFreeCallback):
+    """One line, once, ``after_s`` seconds into training: the pace so far and the training
+    time the whole budget takes at it. A run that will take hours (SAC on one env on a
+    2-core CPU: ~30 steps/s) says so within seconds, not at the end."""
+
+    acts_on_steps = False
+
+    def __init__(self, total: int, after_s: float = PACE_AFTER_S) -> None:
+        super().__init__()
+        self.total = total
+        self.after_s = after_s
+        self.started = 0.0
+        self.first = 0
+        self.done = False
+
+    def _on_training_start(self) -> None:
+        self.started, self.first = time.perf_counter(), self.model.num_timesteps
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        if self.done:
+            return
+        elapsed = time.perf_counter() - self.started
+        steps = self.model.num_timesteps - self.first
+        if elapsed < self.after_s or steps <= 0:
+            return
+        self.done = True
+        rate = steps / elapsed
+        print(pace_text(rate, elapsed, self.total - self.first), flush=True)
+
+
+def pace_text(rate: float, elapsed: float, budget: int) -> str:
+    """``pace: 33 steps/s over the first 15 s: 20,000 steps take about 10 min of training``."""
+    return (f"pace: {rate:,.0f} steps/s over the first {elapsed:.0f} s: {budget:,} "
+            f"steps take about {console.duration(budget / rate)} of training")

@@ -41,7 +41,7 @@ from workbench.training.describe import header_lines, run_source_tags
 from workbench.training.faults import UpdateCheck
 from workbench.training.lifecycle import open_run, setup_run
 from workbench.training.model import build_model, save_model
-from workbench.training.progress import ConsoleWriter, ProgressBarCallback
+from workbench.training.progress import ConsoleWriter, PaceLine, ProgressBarCallback
 from workbench.training.start import Start, prepare, validate
 from workbench.training.video import VideoRecorder, video_callbacks
 
@@ -193,6 +193,7 @@ def build_callbacks(cfg: WorkbenchConfig, train_env: VecEnv, eval_env: VecEnv,
         timing,
         *reward_component_callbacks(train_env),
     ]
+    callbacks.append(PaceLine(cfg.total_timesteps))
     if cfg.console.progress_bar:  # over the steps it will run: whole rollouts, past the budget
         rollout = derive(cfg).rollout_size
         callbacks.append(ProgressBarCallback(-(-cfg.total_timesteps // rollout) * rollout))
