@@ -33,7 +33,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from workbench import processes
 from workbench.config import ConfigError
@@ -377,13 +377,6 @@ def optuna_storage_url(layout: Layout | None = None) -> str | None:
     if state is None or not is_our_server(state.pid, layout):
         return None
     return database_uri(layout, state.pg_port, "optuna")
-
-
-def port_of(uri: str | None) -> int:
-    """The port of a tracking URI like ``http://127.0.0.1:5050`` (DEFAULT_PORT if none)."""
-    if not uri:
-        return DEFAULT_PORT
-    return urlsplit(uri).port or DEFAULT_PORT
 
 
 # --------------------------------------------------------------------------- command line

@@ -13,7 +13,6 @@ import contextlib
 import fcntl
 import getpass
 import logging
-import math
 import os
 import re
 import sqlite3
@@ -330,10 +329,3 @@ def set_tags(client: MlflowClient, run_id: str, tags: Mapping[str, Any]) -> None
     items = [RunTag(k, truncate(v, MAX_TAG_VALUE_LENGTH)) for k, v in tags.items()]
     if items:
         client.log_batch(run_id, tags=items)
-
-
-def finite_or_none(value: float | None) -> float | None:
-    """``value`` if it is a finite number, else None (for summaries)."""
-    if value is None or not math.isfinite(value):
-        return None
-    return value

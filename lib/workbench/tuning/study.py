@@ -25,7 +25,7 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -748,9 +748,3 @@ def print_results(result: TuneResult, plan: TunePlan) -> None:
     print(f"dashboard          : optuna-dashboard {redact_uri(plan.storage)}")
     print(f"MLflow             : parent run {result.parent_run_id} in experiment "
           f"{plan.experiment!r} ({redact_uri(plan.tracking_uri)})", flush=True)
-
-
-def result_record(result: TuneResult) -> dict[str, Any]:
-    """The result as plain values (benchmarks read it)."""
-    return {"study": result.study, "status": result.status, "best": result.best,
-            "records": [asdict(r) for r in result.records]}
