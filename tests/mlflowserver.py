@@ -20,7 +20,8 @@ import pytest
 from workbench import processes
 
 from tests.conftest import ROOT
-from tests.teamserver import free_port, logged_in
+from tests.support.ports import free_port
+from tests.teamserver import logged_in
 
 START_TIMEOUT_S = 300.0  # importing MLflow on a loaded machine takes long; uvicorn is told so
 STOP_TIMEOUT_S = 30.0

@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,8 @@ from typing import Any
 
 import psutil
 import pytest
+
+from tests.support.ports import free_port
 
 MARKER = "WORKBENCH_TEST_RAY"
 # Ray cannot start from an environment under a path with whitespace (docs/ray-cluster.md).
@@ -58,13 +59,6 @@ NODE_NICENESS = -15
 # Attempts to start a node, each after a longer pause: a busy stretch of the test run (every
 # worker starting heavy tests at once) passes within minutes.
 START_ATTEMPTS = 6
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def marked_processes(marker: str, node: str | None = None) -> list[psutil.Process]:

@@ -12,7 +12,6 @@ import contextlib
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from tests.support.ports import free_port
 
 ALICE = "alice"
 
@@ -57,13 +57,6 @@ class TeamServer:
         done = run_cli(*args, env={**self.env(user), **(extra_env or {})}, timeout=timeout)
         self.outputs += [done.stdout, done.stderr]
         return done
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def leftover_processes(text: str, pgid: int) -> list[str]:

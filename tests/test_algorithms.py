@@ -18,7 +18,7 @@ from workbench.config import ConfigError
 from workbench.training import algorithms, load_config, train
 
 from .conftest import TINY
-from .test_checkpoint import assert_same_training, interrupt_and_resume
+from .support.runs import assert_same_training, interrupt_and_resume
 
 ALGOS = ["a2c", "sac", "td3", "tqc", "crossq"]
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,17 +24,11 @@ from workbench.training import load_config, train
 from workbench.tuning.plan import plan_tune
 
 from .conftest import TINY, run_cli
+from .support.files import tree_state
+from .support.ports import free_port
 from .trained_run import FinishedRun
 
 UNKNOWN_ID = "0123456789abcdef0123456789abcdef"
-
-
-def tree_state(root: Path) -> dict[str, tuple[int, int]]:
-    """Every file under ``root`` with its size and modification time."""
-    if not root.exists():
-        return {}
-    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")
-            if p.is_file()}
 
 
 def assert_rejected(argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -204,12 +197,6 @@ def test_notebook_config_that_differs_from_the_run(finished_run: FinishedRun,
 
 
 # --------------------------------------------------------------------------- unusable stores
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_unreachable_tracking_server_is_one_line(store: Path) -> None:

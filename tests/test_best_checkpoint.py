@@ -32,7 +32,7 @@ from workbench.training.checkpoint import checkpoint_path, retention_victims
 
 from . import faulty_envs
 from .conftest import TINY
-from .test_outbox import down_url, new_run
+from .support.runs import down_url, new_run
 from .trained_run import FinishedRun
 
 # A tiny PPO run on the collapsing task: 8 iterations of 128 steps, a checkpoint at each,

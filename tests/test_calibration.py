@@ -17,7 +17,7 @@ from workbench.envs.vector import make_envs
 from workbench.training import load_config, train
 
 from .conftest import TINY
-from .test_train import ExplodingEnv
+from .support.envs import ExplodingEnv
 
 POOL = "envpool" if envpool_vec.is_installed() else "dummy"
 

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
-import signal
 import zipfile
 from pathlib import Path
-from typing import Any
 
 import gymnasium
 import numpy as np
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
-from stable_baselines3.common.callbacks import BaseCallback
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_envs, make_eval_env
 from workbench.training import checkpoint, load_config, train
@@ -24,14 +20,13 @@ from workbench.training import model as model_io
 from workbench.training.faults import TrainingInterrupted
 
 from .conftest import TINY
+from .support.files import Marker
+from .support.runs import (
+    SignalAt,
+    assert_same_training,
+    interrupt_and_resume,
+)
 from .trained_run import FinishedRun
-
-# Timing values differ between any two runs; everything else must match exactly.
-TIMING = ("time/fps", "time/rollout_s", "time/update_s", "time/rollout_cpu_s", "time/update_cpu_s",
-          "time/eval_s", "time/time_elapsed",
-          "summary/fps", "summary/wall_time_s", "summary/peak_rss_mb", "system/",
-          "video/render_seconds")
-
 
 # --------------------------------------------------------------------------- format
 
@@ -119,10 +114,11 @@ def test_only_known_state_is_claimed_exact() -> None:
 
     plain = gymnasium.make("HalfCheetah-v5")
     assert simstate.is_restorable(plain)
-    # Unknown per-episode state: an env subclass, a domain randomization wrapper.
+    # Unknown per-episode state: an env subclass.
     assert not simstate.is_restorable(gymnasium.wrappers.TimeLimit(CrashingCheetah(), 100))
+    # The randomization wrappers keep theirs through the protocol (tests/test_batched.py).
     noisy = wrap(gymnasium.make("HalfCheetah-v5"), RandomizationConfig(obs_noise_std=0.1))
-    assert not simstate.is_restorable(noisy)
+    assert simstate.is_restorable(noisy)
     counting = CountingWrapper(gymnasium.make("HalfCheetah-v5"))
     assert simstate.is_restorable(counting)
     counting.reset(seed=0)
@@ -137,71 +133,6 @@ def test_only_known_state_is_claimed_exact() -> None:
 
 
 # --------------------------------------------------------------------------- resume
-
-
-class SignalAt(BaseCallback):
-    """Sends this process a real SIGINT once training passes ``step``."""
-
-    def __init__(self, step: int) -> None:
-        super().__init__()
-        self.step = step
-        self.sent = False
-
-    def _on_step(self) -> bool:
-        if not self.sent and self.num_timesteps >= self.step:
-            self.sent = True
-            os.kill(os.getpid(), signal.SIGINT)
-        return True
-
-
-def histories(client: MlflowClient, run_id: str) -> dict[str, list[tuple[int, float]]]:
-    """Every non-timing metric's (step, value) history, in logging order of steps."""
-    found = {}
-    for key in client.get_run(run_id).data.metrics:
-        if key.startswith(TIMING):
-            continue
-        found[key] = [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
-    return found
-
-
-def policy_weights(client: MlflowClient, run_id: str, tmp: Path) -> dict[str, torch.Tensor]:
-    local = client.download_artifacts(run_id, "model/model.zip", str(tmp / run_id))
-    with zipfile.ZipFile(local) as archive:
-        return torch.load(io.BytesIO(archive.read("policy.pth")), weights_only=True)
-
-
-def interrupt_and_resume(overrides: list[str]) -> tuple[MlflowClient, Any, Any, Any]:
-    """The uninterrupted run of ``overrides``, the same run stopped by a real SIGINT after
-    step 420 (its stored run), and that run resumed to the end."""
-    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
-    full = train(load_config(overrides))
-    with pytest.raises(TrainingInterrupted, match=r"^SIGINT received at step 42\d$"):
-        train(load_config(overrides), callbacks=[SignalAt(420)])
-    (killed,) = [r for r in client.search_runs([full.experiment_id])
-                 if r.info.run_id != full.run_id]
-    resumed = train(load_config([f"resume={killed.info.run_id}"]))
-    return client, full, killed, resumed
-
-
-def assert_same_training(client: MlflowClient, full: Any, resumed: Any, tmp: Path
-                         ) -> dict[str, list[tuple[int, float]]]:
-    """The resumed run FINISHED exactly as the uninterrupted one: every non-timing metric at
-    the same steps with the same values (nothing logged twice), the same final evaluation
-    and weights. Returns the resumed run's histories."""
-    run = client.get_run(resumed.run_id)
-    assert run.info.status == "FINISHED"
-    assert run.data.tags["resume.exact"] == "true"
-    expected, got = histories(client, full.run_id), histories(client, resumed.run_id)
-    assert set(got) == set(expected)
-    for key, points in expected.items():
-        assert got[key] == points, key
-    assert resumed.eval_mean_reward == full.eval_mean_reward
-    weights_full = policy_weights(client, full.run_id, tmp)
-    weights_resumed = policy_weights(client, resumed.run_id, tmp)
-    assert weights_full.keys() == weights_resumed.keys()
-    for name, value in weights_full.items():
-        assert torch.equal(value, weights_resumed[name]), name
-    return got
 
 
 RESUME_CASES = [
@@ -257,16 +188,6 @@ def test_checkpoint_files_cannot_execute_code(finished_run: FinishedRun) -> None
 # --------------------------------------------------------------------------- safe loading
 
 
-class Marker:
-    """A pickle payload that touches a file when unpickled: proof of code execution."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self):  # noqa: ANN204
-        return (Path.touch, (self.path,))
-
-
 def poisoned_copy(model_zip: Path, target: Path, marker: Path) -> Path:
     """``model.zip`` with a malicious cloudpickled ``lr_schedule`` entry."""
     import base64
@@ -313,7 +234,7 @@ def test_models_load_without_unpickling_unless_allowed(
 def test_resume_with_unrestorable_state_starts_fresh_episodes(store: Path) -> None:
     overrides = [*TINY, "total_timesteps=768",
                  "console.iteration_lines=false", "tracking.system_metrics=false",
-                 "checkpoint.every_steps=256", "env.randomization.obs_noise_std=0.01"]
+                 "checkpoint.every_steps=256", "env.id=tests.custom_robot:Custom/Cheetah-v0"]
     with pytest.raises(TrainingInterrupted):
         train(load_config(overrides), callbacks=[SignalAt(420)])
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])

@@ -21,7 +21,8 @@ from workbench import cli
 from workbench.team import migrate
 
 from tests.conftest import TINY, embedded_store
-from tests.teamserver import ALICE, TeamServer, free_port, logged_in
+from tests.support.ports import free_port
+from tests.teamserver import ALICE, TeamServer, logged_in
 
 EXPERIMENT = "copy-source"
 

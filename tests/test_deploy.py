@@ -29,7 +29,7 @@ from workbench.deploy import contract, runner, verification
 from workbench.deploy.verification import RunnerCommand, RunnerFailed, RunnerProcess
 
 from .conftest import copy_store, embedded_store, forget_artifact_locations
-from .test_bad_input import tree_state
+from .support.files import tree_state
 from .trained_run import ExportedPolicy, FinishedRun
 
 pytestmark = pytest.mark.slow  # the duck's training and export, then real-time episodes

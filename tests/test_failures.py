@@ -30,7 +30,7 @@ from tests.mlflowserver import (
     start_training,
     wait_text,
 )
-from tests.teamserver import free_port
+from tests.support.ports import free_port
 
 from .conftest import ROOT, TINY, run_cli
 

@@ -40,6 +40,7 @@ from workbench.training import bundle_format, load_config, train
 from workbench.training.model import build_model
 
 from .conftest import embedded_store, run_cli
+from .support.hub import offline_cache, populate_cache
 from .trained_run import HF_TEST_TOKEN, NORMALIZED, ExportedPolicy
 
 TOKEN = HF_TEST_TOKEN
@@ -151,36 +152,10 @@ def hub_env(tmp_path: Path, **extra: str) -> dict[str, str]:
             "HF_HUB_DISABLE_TELEMETRY": "1", "HF_TOKEN": TOKEN, **extra}
 
 
-def populate_cache(cache: Path, repo_id: str, files: dict[str, bytes],
-                   refs: dict[str, str] | None = None, repo_type: str = "model") -> str:
-    """Write ``files`` as one commit of ``repo_id`` (a ``repo_type`` repository: model or
-    dataset) into a Hub cache; returns the commit."""
-    commit = hashlib.sha1(b"".join(n.encode() + files[n] for n in sorted(files))).hexdigest()
-    storage = cache / f"{repo_type}s--{repo_id.replace('/', '--')}"
-    for name, data in files.items():
-        blob = storage / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        link = storage / "snapshots" / commit / name
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(os.path.relpath(blob, link.parent))
-    for ref, target in (refs or {}).items():
-        (storage / "refs").mkdir(exist_ok=True)
-        (storage / "refs" / ref).write_text(target.replace("HEAD", commit))
-    return commit
-
-
 def bundle_files(run: Run, tmp_path: Path) -> dict[str, bytes]:
     folder = tmp_path / "built" / "bundle"
     hub.write_bundle(run.client, run.run_id, folder)
     return {p.name: p.read_bytes() for p in folder.iterdir()}
-
-
-def offline_cache(monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
-    """HF_HUB_OFFLINE=1 and a cache dir for in-process calls (huggingface_hub reads both
-    environment variables once, at import, into ``huggingface_hub.constants``)."""
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
 
 
 def assert_no_token(*texts: str, folders: tuple[Path, ...] = ()) -> None:

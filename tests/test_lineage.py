@@ -36,7 +36,7 @@ from workbench.training import dataset as hub_dataset
 from workbench.training import load_config, train
 
 from .conftest import TINY
-from .test_hub import populate_cache
+from .support.hub import populate_cache
 
 REPO = "test-org/walk-logs"
 

@@ -27,7 +27,7 @@ from workbench import processes
 from . import reportdata
 from .browser import save_screenshot
 from .conftest import ROOT
-from .teamserver import free_port
+from .support.ports import free_port
 
 JUPYTER = Path(sys.executable).parent / "jupyter"
 START_TIMEOUT_S = 120.0

@@ -9,7 +9,6 @@ where nothing listens (a free port) for a store that is unreachable.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,28 +24,9 @@ from workbench.tracking import journal, outbox, rejection, runs
 from workbench.tracking.rejection import Verdict
 
 from .conftest import run_cli
+from .support.runs import down_url, new_run
 
 T0 = 1_700_000_000_000  # metric timestamps (ms)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def down_url() -> str:
-    """A tracking server that is not there: nothing listens on the port."""
-    return f"http://127.0.0.1:{free_port()}"
-
-
-def new_run(client: MlflowClient, root: Path, experiment: str = "outbox") -> tuple[str, dict]:
-    """A RUNNING run with creation tags, and its origin as the trainer records it."""
-    found = client.get_experiment_by_name(experiment)
-    experiment_id = found.experiment_id if found else client.create_experiment(
-        experiment, artifact_location=(root / "artifacts" / experiment).as_uri())
-    run = client.create_run(experiment_id, run_name="tiny-run", tags={"env": "halfcheetah"})
-    return run.info.run_id, rejection.origin_of(run, experiment)
 
 
 def metrics(*steps: int, key: str = "loss") -> list[Metric]:

@@ -9,7 +9,6 @@ import math
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from workbench.review.selection import Selection, all_experiment_ids, find_runs,
 
 from . import reportdata
 from .conftest import ROOT
+from .support.ports import free_port
 
 FIGURES = ["grid_heatmaps.png", "iqm_intervals.png", "reward_curves.png", "reward_vs_time.png",
            "time_split.png", "time_to_target.png", "update_signals.png"]
@@ -559,12 +559,6 @@ def test_compare_notebook_runs_under_papermill(sweep: reportdata.Sweep, tmp_path
     texts = "".join("".join(o.get("data", {}).get("text/html", "")) for o in outputs)
     assert "Ranking" in texts and "Diagnostics" in texts and "halfcheetah-ne2-ns64" in texts
     assert (tmp_path / "reports" / f"sweep-{sweep.sweep_id}" / "index.html").is_file()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.slow

@@ -31,8 +31,8 @@ from workbench.deploy import hub
 from workbench.training import checkpoint
 
 from .conftest import embedded_store
-from .test_bad_input import tree_state
-from .test_hub import offline_cache, populate_cache
+from .support.files import tree_state
+from .support.hub import offline_cache, populate_cache
 from .trained_run import NORMALIZED, ExportedPolicy, FinishedRun
 
 Files = dict[str, bytes]

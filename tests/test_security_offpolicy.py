@@ -20,7 +20,7 @@ from workbench import config
 from workbench.training.checkpoint import misfit, read_files
 
 from .conftest import TINY, embedded_store
-from .test_security_store import assert_refused_untouched, put_back, rehash
+from .support.files import assert_refused_untouched, put_back, rehash
 from .trained_run import FinishedRun, store_under
 
 CHECKPOINT = "checkpoints/step-000000000384"  # the SAC run's last checkpoint: pos 192 of 1000

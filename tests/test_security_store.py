@@ -10,8 +10,6 @@ options. A sentinel module (or pickle) that writes a marker file stands for an a
 from __future__ import annotations
 
 import base64
-import contextlib
-import hashlib
 import json
 import os
 import pickle
@@ -30,8 +28,7 @@ from workbench.config import ConfigError
 from workbench.deploy import export
 
 from .conftest import copy_store, forget_artifact_locations
-from .test_bad_input import tree_state
-from .test_checkpoint import Marker
+from .support.files import Marker, assert_refused_untouched, put_back, rehash
 from .trained_run import ExportedPolicy, FinishedRun
 
 CHECKPOINT = "checkpoints/step-000000000384"  # the finished run's last checkpoint
@@ -52,45 +49,12 @@ def sentinel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[
     sys.modules.pop(name, None)
 
 
-@contextlib.contextmanager
-def put_back(folder: Path) -> Iterator[Path]:
-    """``folder`` for the block, its files put back as they were after it."""
-    saved = {p.name: p.read_bytes() for p in folder.iterdir()}
-    try:
-        yield folder
-    finally:
-        for name, content in saved.items():
-            (folder / name).write_bytes(content)
-
-
 @pytest.fixture()
 def planted(finished_run: FinishedRun, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The finished run's last checkpoint folder, put back as it was after the test."""
     finished_run.use(monkeypatch)
     with put_back(finished_run.artifacts() / CHECKPOINT) as folder:
         yield folder
-
-
-def rehash(folder: Path) -> None:
-    """Recompute the checkpoint's SHA-256 index, as someone who can write the store would."""
-    meta = json.loads((folder / "state.json").read_text())
-    for name in meta["files"]:
-        meta["files"][name] = hashlib.sha256((folder / name).read_bytes()).hexdigest()
-    (folder / "state.json").write_text(json.dumps(meta))
-
-
-def assert_refused_untouched(argv: list[str], run: FinishedRun, capsys: pytest.CaptureFixture[str],
-                             *expected: str) -> None:
-    """Exit 2, one ``workbench: error:`` line, nothing written, the run still FINISHED."""
-    before = tree_state(run.experiments)
-    code = cli.main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.startswith("workbench: error: ") and err.count("\n") == 1, err
-    for text in expected:
-        assert text in err, err
-    assert tree_state(run.experiments) == before, "a refused resume writes nothing"
-    assert MlflowClient(run.uri).get_run(run.run_id).info.status == "FINISHED"
 
 
 # --------------------------------------------------------------------------- resume

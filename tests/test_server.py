@@ -25,7 +25,10 @@ from workbench.team.layout import Layout, default_layout
 from workbench.training import load_config
 
 from tests.conftest import TINY
-from tests.teamserver import ALICE, TeamServer, free_port, logged_in
+from tests.support.ports import free_port
+from tests.teamserver import ALICE, TeamServer, logged_in
+
+from .support.runs import psql
 
 
 @pytest.mark.unit
@@ -273,23 +276,6 @@ def test_no_credential_reaches_a_file_row_param_tag_or_output(team_server: TeamS
     texts = [*dumps, *values, *team_server.outputs]
     for secret in secrets_:
         assert not [t for t in texts if secret in t]
-
-
-def psql(team: TeamServer, database: str, query: str) -> list[str]:
-    """First column of ``query`` over the cluster's private socket."""
-    import psycopg2
-
-    layout = Layout(team.root / "server")
-    state = server.read_state(layout)
-    assert state is not None
-    connection = psycopg2.connect(host=str(layout.socket_dir), port=state.pg_port,
-                                  user=postgres.DB_ROLE, dbname=database)
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute(query)
-            return [str(row[0]) for row in cursor.fetchall()]
-    finally:
-        connection.close()
 
 
 def pg_dump(team: TeamServer, database: str) -> str:

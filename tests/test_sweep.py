@@ -15,7 +15,6 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
-from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from workbench.config import ConfigError, SweepConfig, config_id
 from workbench.sweeps import store as store_module
@@ -35,19 +34,10 @@ from workbench.training import load_config
 from workbench.training.describe import default_run_name
 
 from . import reportdata
-from .conftest import AS_BACKGROUND_JOB, ROOT, TINY, TINY_VIDEO, copy_store, run_cli
+from .conftest import AS_BACKGROUND_JOB, ROOT, TINY_VIDEO, copy_store, run_cli
+from .support.runs import POINT_TINY, runs_of
 
-# TINY without the keys the grid sets; no system-metrics thread in each kernel.
-GRID_SET = ("env.num_envs", "algo.n_steps")
-POINT_TINY = [o for o in TINY if o.split("=")[0] not in GRID_SET] + [
-    "tracking.system_metrics=false"]
 CORES_2 = {"WORKBENCH_CPU_BUDGET": "2"}  # the same budget on any CI machine
-
-
-def runs_of(role: str) -> list[Run]:
-    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
-    experiment = client.get_experiment_by_name("workbench")
-    return client.search_runs([experiment.experiment_id], f"tags.`sweep.role` = '{role}'")
 
 
 # --------------------------------------------------------------------------- grid and plan

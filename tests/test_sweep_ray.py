@@ -29,7 +29,7 @@ from workbench.sweeps.ray_cluster import HeadWatch, check_capacity
 
 from .conftest import run_cli
 from .raycluster import free_port
-from .test_sweep import POINT_TINY
+from .support.runs import POINT_TINY
 
 ray = pytest.importorskip("ray", reason="the ray extra: pip install -e '.[ray]'")
 

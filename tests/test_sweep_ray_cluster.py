@@ -43,9 +43,8 @@ from .raycluster import (
     SharedCluster,
     marked_processes,
 )
+from .support.runs import POINT_TINY, runs_of, study_trials, tune_runs
 from .teamserver import ALICE, TeamServer, logged_in
-from .test_sweep import POINT_TINY, runs_of
-from .test_tune import study_trials, tune_runs
 
 ray = pytest.importorskip("ray", reason="the ray extra: pip install -e '.[ray]'")
 

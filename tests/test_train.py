@@ -28,6 +28,7 @@ from workbench.training.describe import (
 from workbench.training.trainer import TrainResult, summary_rows
 
 from .conftest import ROOT, TINY, run_cli
+from .support.envs import ExplodingEnv
 
 ITERATION_KEYS = [
     "rollout/ep_rew_mean", "rollout/ep_len_mean", "train/entropy_loss", "train/approx_kl",
@@ -193,26 +194,6 @@ def test_normalized_run_saves_statistics(store: Path) -> None:
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     files = {a.path for a in client.list_artifacts(result.run_id, "model")}
     assert "model/vecnormalize.pkl" in files
-
-
-class ExplodingEnv(gymnasium.Env):
-    """A MuJoCo-free env whose step raises after a few calls (importable for workers)."""
-
-    observation_space = gymnasium.spaces.Box(-1.0, 1.0, shape=(3,))
-    action_space = gymnasium.spaces.Box(-1.0, 1.0, shape=(1,))
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return self.observation_space.sample(), {}
-
-    def step(self, action):
-        self.calls += 1
-        if self.calls > 20:
-            raise RuntimeError("simulator exploded at step 21")
-        return self.observation_space.sample(), 0.0, False, False, {}
 
 
 def test_failing_env_marks_run_failed(store: Path) -> None:

@@ -25,6 +25,7 @@ from workbench.tuning.space import parse_space
 from workbench.tuning.storage import counts, storage_url
 
 from .conftest import AS_BACKGROUND_JOB, ROOT, run_cli
+from .support.runs import study_trials, tune_runs
 
 # InvertedPendulum with debug=tiny: 50-step episodes (a return of at most 50), 384 steps,
 # an evaluation every 128 steps; search=tiny fits that budget.
@@ -329,18 +330,6 @@ def test_cli_bad_input_exits_2_with_one_line_and_creates_nothing(
 # --------------------------------------------------------------------------- real studies
 
 
-def study_trials(store: Path, study: str) -> list:
-    import optuna
-
-    return optuna.load_study(study_name=study, storage=f"sqlite:///{store / 'optuna.db'}").trials
-
-
-def tune_runs(role: str) -> list:
-    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
-    experiment = client.get_experiment_by_name("workbench")
-    return client.search_runs([experiment.experiment_id], f"tags.`tune.role` = '{role}'")
-
-
 @pytest.mark.slow
 def test_four_trial_study_prunes_resumes_and_writes_a_best_config(store: Path,
                                                                   tmp_path: Path) -> None:
@@ -542,8 +531,8 @@ def safe_runs(role: str) -> list:
 def test_team_mode_keeps_the_study_in_the_servers_postgresql(team_server) -> None:  # noqa: ANN001
     """On the server's machine a study of a server-tracked tune lives in the team
     PostgreSQL's ``optuna`` database (a real server: tests/teamserver.py)."""
+    from tests.support.runs import psql
     from tests.teamserver import ALICE, logged_in
-    from tests.test_server import psql
 
     done = team_server.cli(
         "tune", "--n-trials", "2", *TINY_STUDY, "tune.study=team", "tracking=server",
@@ -563,7 +552,6 @@ def test_team_mode_keeps_the_study_in_the_servers_postgresql(team_server) -> Non
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
     for secret in (team_server.alice_password, team_server.admin_password):
         assert secret not in done.stdout + done.stderr
-
 
 
 @pytest.mark.slow

@@ -33,12 +33,7 @@ from workbench.tracking.store import (
 
 from .browser import save_screenshot
 from .conftest import ROOT
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from .support.ports import free_port
 
 
 @dataclass
