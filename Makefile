@@ -181,7 +181,7 @@ test-all: setup
 	$(MAKE) --no-print-directory test TIER=all
 
 lint: setup
-	"$(PY)" -m ruff check lib tests benchmarks
+	"$(PY)" -m ruff check lib tests benchmarks scripts
 	"$(VENV)/bin/lint-imports" --no-cache
 
 typecheck: setup

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: E402
+import harness
 
 HERE = Path(__file__).resolve().parent
 PARTS = ("physics", "train", "tracking", "reward")

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: E402
-from workbench.review.references import PUBLISHED_PPO, PUBLISHED_PPO_STD  # noqa: E402
+import harness
+from workbench.review.references import PUBLISHED_PPO, PUBLISHED_PPO_STD
 
 # rl-baselines3-zoo's published PPO result at 1M steps (mean +- std over its evaluation);
 # docs/benchmarks.md holds the default configuration to "not below" it.

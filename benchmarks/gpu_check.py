@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: E402
+import harness
 
 ROOT = harness.ROOT
 BUDGET_S = 480.0  # the whole check, 8 minutes

@@ -34,8 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: E402
-from tracking_overhead import add_config_arguments, commands_for  # noqa: E402
+import harness
+from tracking_overhead import add_config_arguments, commands_for
 
 QUIET = ["console.progress_bar=false", "console.iteration_lines=false",
          "tracking.system_metrics=false", "video=off"]

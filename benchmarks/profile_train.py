@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: E402
+import harness
 
 # (group, substrings of "file:function" that belong to it), first match wins.
 GROUPS: list[tuple[str, tuple[str, ...]]] = [

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: E402
+import harness
 
 TRAIN = ["experiment=duck", "video=off", "console.progress_bar=false",
          "console.iteration_lines=false"]

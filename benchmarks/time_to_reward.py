@@ -58,8 +58,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: E402
-from workbench.review.references import PUBLISHED_PPO  # noqa: E402
+import harness
+from workbench.review.references import PUBLISHED_PPO
 
 # Last threshold: rl-baselines3-zoo's published PPO return at 1M steps (the one table:
 # workbench.review.references.PUBLISHED_PPO) or a stated fraction where PPO falls short of it
@@ -79,6 +79,14 @@ BUILTIN = ("workbench", "sb3", "zoo")
 
 
 # --------------------------------------------------------------------------- child process
+
+
+def note_reached(reached: dict[str, dict[str, float]], thresholds: list[float], mean: float,
+                 train_s: float, steps: int) -> None:
+    """Record the training seconds and steps at which ``mean`` first passes each threshold."""
+    for threshold in thresholds:
+        if str(threshold) not in reached and mean >= threshold:
+            reached[str(threshold)] = {"train_s": train_s, "steps": steps}
 
 
 def make_callback(env_id: str, seed: int, normalize: bool, args: dict[str, Any]) -> Any:
@@ -125,10 +133,7 @@ def make_callback(env_id: str, seed: int, normalize: bool, args: dict[str, Any])
             mean, _ = evaluate(self.model, self.training_env, eval_env, args["episodes"])
             self.evals.append({"steps": self.num_timesteps, "train_s": round(train_s, 3),
                                "return": round(mean, 2)})
-            for threshold in self.thresholds:
-                if str(threshold) not in self.reached and mean >= threshold:
-                    self.reached[str(threshold)] = {"train_s": train_s,
-                                                    "steps": self.num_timesteps}
+            note_reached(self.reached, self.thresholds, mean, train_s, self.num_timesteps)
             if len(self.reached) == len(self.thresholds):
                 self.done = True
             self.paused += time.perf_counter() - now

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: E402
+import harness
 from workbench.envs.cores import auto_torch_threads
 from workbench.envs.vector import make_envs
 

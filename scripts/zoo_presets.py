@@ -167,27 +167,8 @@ def translate(entry: Mapping[str, Any], algo: str) -> dict[str, Any]:
     if normalize and "gamma" in entry:  # the zoo's VecNormalize discounts with the algorithm's
         env["norm_gamma"] = entry["gamma"]
     for key, value in entry.items():
-        if key in ("policy", "n_timesteps", "n_envs", "normalize"):
-            continue
-        if key in ("learning_rate", "clip_range"):
-            schedule = "lr_schedule" if key == "learning_rate" else "clip_range_schedule"
-            if isinstance(value, str) and value.startswith("lin_"):
-                algo_values[key] = float(value[4:])
-                algo_values[schedule] = "linear"
-            else:
-                algo_values[key] = float(value)
-        elif key == "noise_type":
-            if value != "normal":
-                raise ZooEntryError(f"noise_type {value!r}: only normal noise is supported")
-        elif key == "noise_std":
-            algo_values["action_noise_std"] = float(value)
-        elif key == "policy_kwargs":
-            algo_values["policy"] = network(policy_kwargs(value), algo)
-        elif key in SAME:
-            algo_values[key] = (str(value) if key == "ent_coef" and algo not in ON_POLICY
-                                else value)
-        else:
-            raise ZooEntryError(f"{key}: no workbench setting for this zoo key")
+        if key not in ("policy", "n_timesteps", "n_envs", "normalize"):
+            algo_values.update(algo_setting(key, value, algo))
     if "noise_std" in entry and "noise_type" not in entry:
         raise ZooEntryError("noise_std without noise_type")
     if algo == "ppo":  # SB3 takes a minibatch larger than the rollout as the whole rollout
@@ -195,6 +176,26 @@ def translate(entry: Mapping[str, Any], algo: str) -> dict[str, Any]:
         if algo_values.get("batch_size", 64) > rollout:
             algo_values["batch_size"] = rollout
     return {"env": env, "algo": algo_values, "total_timesteps": int(entry["n_timesteps"])}
+
+
+def algo_setting(key: str, value: Any, algo: str) -> dict[str, Any]:
+    """The ``algo.*`` values one zoo key gives (a schedule adds its kind)."""
+    if key in ("learning_rate", "clip_range"):
+        schedule = "lr_schedule" if key == "learning_rate" else "clip_range_schedule"
+        if isinstance(value, str) and value.startswith("lin_"):
+            return {key: float(value[4:]), schedule: "linear"}
+        return {key: float(value)}
+    if key == "noise_type":
+        if value != "normal":
+            raise ZooEntryError(f"noise_type {value!r}: only normal noise is supported")
+        return {}
+    if key == "noise_std":
+        return {"action_noise_std": float(value)}
+    if key == "policy_kwargs":
+        return {"policy": network(policy_kwargs(value), algo)}
+    if key in SAME:
+        return {key: str(value) if key == "ent_coef" and algo not in ON_POLICY else value}
+    raise ZooEntryError(f"{key}: no workbench setting for this zoo key")
 
 
 def network(kwargs: Mapping[str, Any], algo: str) -> dict[str, Any]:

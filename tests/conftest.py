@@ -280,7 +280,7 @@ def unit_tier_stays_fast(request: pytest.FixtureRequest, monkeypatch: pytest.Mon
     if request.node.get_closest_marker("unit") is None:
         return
 
-    def refuse(what: str):  # noqa: ANN202
+    def refuse(what: str):
         def refused(*args: object, **kwargs: object) -> None:
             raise AssertionError(f"a unit test must not {what}: mark it for the default tier")
         return refused

@@ -47,9 +47,9 @@ def assert_rejected(argv: list[str], expected: str, capsys: pytest.CaptureFixtur
 def help_example(command: str) -> list[str]:
     """The overrides a command's ``--help`` shows as its example."""
     parser, _ = cli.build_parser([command])
-    sub = next(a for a in parser._subparsers._group_actions  # noqa: SLF001 (argparse's API)
-               if isinstance(a, argparse._SubParsersAction)).choices[command]  # noqa: SLF001
-    (action,) = [a for a in sub._actions if a.dest == "overrides"]  # noqa: SLF001
+    sub = next(a for a in parser._subparsers._group_actions
+               if isinstance(a, argparse._SubParsersAction)).choices[command]
+    (action,) = [a for a in sub._actions if a.dest == "overrides"]
     return shlex.split(action.help.split("e.g. ", 1)[1])
 
 

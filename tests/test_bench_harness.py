@@ -12,7 +12,7 @@ import pytest
 from .conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import their sibling harness
-import harness  # noqa: E402
+import harness
 
 HOLD_MB = 256
 

@@ -94,7 +94,7 @@ class CountingWrapper(gymnasium.Wrapper):
         super().__init__(env)
         self.count = 0
 
-    def step(self, action):  # noqa: ANN001, ANN201
+    def step(self, action):
         self.count += 1
         return self.env.step(action)
 

@@ -43,7 +43,7 @@ def load_torch_build() -> ModuleType:
 tb = load_torch_build()
 
 
-def recorded(name: str):  # noqa: ANN201  (returns the stand-in for nvidia-smi calls)
+def recorded(name: str):
     """nvidia-smi as the file ``name`` says: the header, the driver query, or a failure."""
     text = (SMI / name).read_text()
     driver = re.search(r"Driver Version: (\S+)", text)

@@ -83,7 +83,7 @@ def jupyter_lab(root: Path, home: Path) -> Iterator[str]:
         with contextlib.suppress(OSError):
             import urllib.request
 
-            urllib.request.urlopen(urllib.request.Request(  # noqa: S310
+            urllib.request.urlopen(urllib.request.Request(
                 f"{url}/api/shutdown", method="POST"), timeout=10)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(STOP_TIMEOUT_S)

@@ -280,7 +280,7 @@ def test_a_bundle_that_fails_verification_is_one_error_line(
 class Blind(gymnasium.Env):  # type: ignore[type-arg]
     """A task that declares no render mode (a robot without a visual model)."""
 
-    metadata = {"render_modes": []}  # noqa: RUF012  (gymnasium's own class attribute)
+    metadata = {"render_modes": []}
     observation_space = gymnasium.spaces.Box(-1.0, 1.0, (3,))
     action_space = gymnasium.spaces.Box(-1.0, 1.0, (1,))
 
@@ -326,7 +326,7 @@ def test_a_run_of_an_env_without_rendering_does_not_blame_opengl(
 class Faulty(Blind):
     """A task whose own render() has a bug."""
 
-    metadata = {"render_modes": ["rgb_array"]}  # noqa: RUF012  (gymnasium's class attribute)
+    metadata = {"render_modes": ["rgb_array"]}
     render_mode = "rgb_array"
 
     def render(self) -> np.ndarray:

@@ -528,7 +528,7 @@ def test_a_point_whose_training_finished_before_the_timeout_is_finished(
 
     real = point_module.run_papermill
 
-    def timed_out_at_the_end(spec, output, kernel):  # noqa: ANN001, ANN202
+    def timed_out_at_the_end(spec, output, kernel):
         real(spec, output, kernel)
         kernel.stop_reason = "timeout"
         return "KeyboardInterrupt: "

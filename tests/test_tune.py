@@ -528,7 +528,7 @@ def safe_runs(role: str) -> list:
 
 
 @pytest.mark.slow
-def test_team_mode_keeps_the_study_in_the_servers_postgresql(team_server) -> None:  # noqa: ANN001
+def test_team_mode_keeps_the_study_in_the_servers_postgresql(team_server) -> None:
     """On the server's machine a study of a server-tracked tune lives in the team
     PostgreSQL's ``optuna`` database (a real server: tests/teamserver.py)."""
     from tests.support.runs import psql

@@ -22,7 +22,7 @@ class Marker:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def __reduce__(self):  # noqa: ANN204
+    def __reduce__(self):
         return (Path.touch, (self.path,))
 
 

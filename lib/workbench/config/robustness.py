@@ -156,12 +156,26 @@ def one_line(exc: BaseException) -> str:
 def check_profile(name: str, profile: RobustnessProfile) -> None:
     """Every value of a profile within its range; one :class:`ConfigError` line otherwise."""
     where = f"profile {name}"
+    check_episodes(where, profile)
+    check_gate(where, profile)
+    check_cells(where, profile)
+
+
+def check_episodes(where: str, profile: RobustnessProfile) -> None:
+    """The seeds, episodes and episode length each cell runs."""
     if not profile.seeds or len(set(profile.seeds)) != len(profile.seeds):
         raise ConfigError(f"{where}: seeds={profile.seeds}: give at least one seed, none twice")
     if any(s < 0 for s in profile.seeds):
         raise ConfigError(f"{where}: seeds={profile.seeds}: seeds are >= 0")
     if not 1 <= profile.episodes <= 1000:
         raise ConfigError(f"{where}: episodes={profile.episodes}: must be 1..1000")
+    if profile.max_episode_steps is not None and profile.max_episode_steps < 1:
+        raise ConfigError(f"{where}: max_episode_steps={profile.max_episode_steps}: must be "
+                          ">= 1 (or null for the task's own limit)")
+
+
+def check_gate(where: str, profile: RobustnessProfile) -> None:
+    """What makes a cell hold: tolerance, minimum drop, absolute floor, locked aliases."""
     if not 0 < profile.tolerance < 1:
         raise ConfigError(f"{where}: tolerance={profile.tolerance}: a fraction of the nominal "
                           "return, between 0 and 1 (e.g. 0.2)")
@@ -174,9 +188,10 @@ def check_profile(name: str, profile: RobustnessProfile) -> None:
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,62}", alias):
             raise ConfigError(f"{where}: locked_aliases: {alias!r} is not a registry alias "
                               "(a letter, then letters, digits, '-' or '_')")
-    if profile.max_episode_steps is not None and profile.max_episode_steps < 1:
-        raise ConfigError(f"{where}: max_episode_steps={profile.max_episode_steps}: must be "
-                          ">= 1 (or null for the task's own limit)")
+
+
+def check_cells(where: str, profile: RobustnessProfile) -> None:
+    """The matrix's cells: factors with values in range, pairs of them, backends."""
     if not profile.factors and not profile.backends:
         raise ConfigError(f"{where}: no factors and no backends: nothing to evaluate; add e.g. "
                           "factors.friction=[0.5,1,1.5]")

@@ -713,7 +713,7 @@ def closed_on_failure(client: Any, run_ids: list[str]) -> Iterator[None]:
         for run_id in run_ids:
             try:
                 client.set_terminated(run_id, status)
-            except Exception as close_error:  # noqa: BLE001  (the store may be the fault)
+            except Exception as close_error:  # the store may be the fault
                 print(f"workbench: could not close run {run_id}: {close_error}",
                       file=sys.stderr)
         raise

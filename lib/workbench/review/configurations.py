@@ -105,7 +105,7 @@ def grid_values(tags: Mapping[str, str]) -> dict[str, str]:
     return {k.removeprefix(GRID_TAG): v for k, v in tags.items() if k.startswith(GRID_TAG)}
 
 
-def label_keys(runs: Sequence[RunLike], layout: GridLayout = GridLayout()) -> list[str]:  # noqa: B008
+def label_keys(runs: Sequence[RunLike], layout: GridLayout = GridLayout()) -> list[str]:
     """The grid keys that label the points: those whose values differ between the runs that
     carry them, in the sweep's order (else sorted); none when only today's num_envs x n_steps
     keys vary (those points keep their ``<env>-ne<N>-ns<S>`` labels)."""

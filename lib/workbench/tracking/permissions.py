@@ -84,7 +84,7 @@ def ask(uri: str, endpoint: str, params: dict[str, str]) -> dict[str, Any] | Non
         if response.status_code != 200:
             return None
         body = response.json()
-    except Exception:  # noqa: BLE001  (unreachable, not JSON: the store check says why)
+    except Exception:  # unreachable, not JSON: the store check says why
         return None
     return body if isinstance(body, dict) else None
 

@@ -126,7 +126,7 @@ def missing_behind_403(client: MlflowClient, uri: str, folder: Path,
         return False
     try:
         experiment = MlflowClient.get_experiment_by_name(client, name)
-    except Exception:  # noqa: BLE001  (refused too: a login problem after all)
+    except Exception:  # refused too: a login problem after all
         return False
     if experiment is None:
         return True
@@ -165,7 +165,7 @@ def experiment_note(uri: str, info: Mapping[str, Any]) -> str:
     name = (info.get("origin") or {}).get("experiment")
     try:
         found = MlflowClient(uri).get_experiment_by_name(name) if name else None
-    except Exception:  # noqa: BLE001  (not readable either: the line says what it knows)
+    except Exception:  # not readable either: the line says what it knows
         return ""
     access = permissions.experiment_access(uri, found.experiment_id) if found else None
     return f": it has {access.permission} on experiment {name!r}" if access else ""

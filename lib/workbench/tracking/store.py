@@ -127,7 +127,7 @@ def server_problem(uri: str, timeout_s: float = SERVER_TIMEOUT_S) -> str | None:
     # /health needs no login, and urllib cannot parse a URI's user:password part.
     url = remote_without_credentials(uri).rstrip("/") + "/health"
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s):  # noqa: S310 (http(s) only)
+        with urllib.request.urlopen(url, timeout=timeout_s):  # http(s) URLs only
             return None
     except urllib.error.HTTPError:
         return None  # it answered
