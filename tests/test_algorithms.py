@@ -240,7 +240,7 @@ def test_an_off_policy_policy_exports_and_round_trips_a_hub_bundle(
     # huggingface_hub's own offline cache, as tests/test_hub.py's pulls do.
     from workbench.deploy import export, hub
 
-    from .test_hub import offline_cache, populate_cache
+    from .support.hub import offline_cache, populate_cache
 
     result = train(load_config([*TINY, f"algo={name}", "env.normalize=true",
                                 "tracking.system_metrics=false",

@@ -109,3 +109,17 @@ def test_import_linter_contracts_are_kept(capsys: pytest.CaptureFixture[str]) ->
     out = capsys.readouterr().out
     assert result == SUCCESS, out
     assert "5 kept, 0 broken" in out
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared test helpers live in tests/support/ (or the fixture modules beside conftest.py),
+    so a test module's helpers are never another test module's import."""
+    tests = ROOT / "tests"
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                target = node.module.rsplit(".", 1)[-1]
+                if target.startswith("test_"):
+                    found.append(f"{path.relative_to(ROOT)}: from {node.module}")
+    assert found == []

@@ -262,7 +262,7 @@ def test_a_resumed_keep_best_run_equals_the_uninterrupted_one(store: Path, tmp_p
     """The checkpoint evaluations run before the snapshot is taken, so a resumed run logs
     what the uninterrupted one did (evaluations, best, periodic evaluations), and its best
     checkpoint from before the interruption is kept by the resumed run's retention."""
-    from .test_checkpoint import assert_same_training, interrupt_and_resume
+    from .support.runs import assert_same_training, interrupt_and_resume
 
     overrides = [*TINY, "total_timesteps=768", "eval.every_steps=192",
                  "console.iteration_lines=false", "tracking.system_metrics=false",

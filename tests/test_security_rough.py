@@ -32,6 +32,7 @@ from workbench.tracking import journal
 from workbench.tracking.redaction import redact_uri
 
 from .conftest import ROOT, run_cli
+from .support import runs
 
 RUN_ID = "0123456789abcdef0123456789abcdef"
 
@@ -130,8 +131,7 @@ def test_every_command_refuses_another_application_s_database(
 
 # --------------------------------------------------------------------------- killed study
 
-TINY_STUDY = ["env=inverted_pendulum", "debug=tiny", "search=tiny", "env.vec_env=dummy",
-              "tracking.system_metrics=false", "tune.workers=1"]
+TINY_STUDY = [*runs.TINY_STUDY, "tune.workers=1"]
 
 
 def study_runs(uri: str) -> list:

@@ -165,7 +165,7 @@ def test_a_password_in_the_uri_of_a_ray_sweep_exits_2_before_anything(bare_store
 def test_a_ray_study_refuses_a_password_in_its_tracking_uri_or_storage_url() -> None:
     from workbench.tuning.plan import plan_tune
 
-    from .test_tune import TINY_STUDY
+    from .support.runs import TINY_STUDY
 
     ray_study = [*TINY_STUDY, "tune.executor=ray"]
     with pytest.raises(ConfigError) as info:

@@ -25,12 +25,8 @@ from workbench.tuning.space import parse_space
 from workbench.tuning.storage import counts, storage_url
 
 from .conftest import AS_BACKGROUND_JOB, ROOT, run_cli
-from .support.runs import study_trials, tune_runs
+from .support.runs import TINY_STUDY, study_trials, tune_runs
 
-# InvertedPendulum with debug=tiny: 50-step episodes (a return of at most 50), 384 steps,
-# an evaluation every 128 steps; search=tiny fits that budget.
-TINY_STUDY = ["env=inverted_pendulum", "debug=tiny", "search=tiny", "env.vec_env=dummy",
-              "tracking.system_metrics=false"]
 CORES_2 = {"WORKBENCH_CPU_BUDGET": "2"}
 
 

@@ -153,3 +153,9 @@ TIMING = ("time/fps", "time/rollout_s", "time/update_s", "time/rollout_cpu_s", "
           "time/eval_s", "time/time_elapsed",
           "summary/fps", "summary/wall_time_s", "summary/peak_rss_mb", "system/",
           "video/render_seconds")
+
+
+# InvertedPendulum with debug=tiny: 50-step episodes (a return of at most 50), 384 steps,
+# an evaluation every 128 steps; search=tiny fits that budget.
+TINY_STUDY = ["env=inverted_pendulum", "debug=tiny", "search=tiny", "env.vec_env=dummy",
+              "tracking.system_metrics=false"]
