@@ -150,3 +150,15 @@ def test_doc_references_in_conf_and_code_resolve() -> None:
                 broken.append(f"{source.relative_to(ROOT)}: {page}#{anchor}")
     assert seen >= 10, seen
     assert not broken, broken
+
+
+def test_the_torch_version_is_written_once_in_the_docs() -> None:
+    """README names the pinned torch (scripts/torch_build.py's TORCH_VERSION); every other
+    page refers to it instead of writing it again, so a torch upgrade edits one line."""
+    pin = re.search(r'^TORCH_VERSION = "([^"]+)"$',
+                    (ROOT / "scripts" / "torch_build.py").read_text(), re.M)
+    assert pin, "scripts/torch_build.py: no TORCH_VERSION"
+    assert f"torch {pin.group(1)}" in (ROOT / "README.md").read_text()
+    repeated = [p.relative_to(ROOT).as_posix() for p in PAGES[1:]
+                if pin.group(1) in p.read_text()]
+    assert repeated == []
