@@ -387,8 +387,23 @@ def test_container_installs_with_the_makefile_from_the_lock_and_a_named_build() 
     assert "PATH=/opt/venv/bin:$PATH" in env and "NVIDIA_DRIVER_CAPABILITIES=compute" in env
 
 
+def project_files(stage: Path) -> list[str]:
+    """What ``pip install -e .`` and the installed workbench read from the checkout, missing
+    from ``stage``: pyproject.toml's readme and package folder (setuptools builds without
+    complaint from an empty one, and the image would hold no code), and the folders the
+    workbench opens at run time (config groups, the notebooks a sweep executes)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (where,) = project["tool"]["setuptools"]["packages"]["find"]["where"]
+    needed = [project["project"]["readme"], f"{where}/workbench/__init__.py",
+              "conf/config.yaml", "notebooks/train.ipynb"]
+    return [path for path in needed if not (stage / path).is_file()]
+
+
 def test_container_stages_have_what_their_make_targets_need(tmp_path: Path) -> None:
-    """Each RUN make in a folder holding only what the COPY lines before it brought in."""
+    """Each RUN make in a folder holding only what the COPY lines before it brought in: make
+    finds its prerequisites there, and `make setup` the project's own files."""
     steps = instructions()
     for i, (word, args) in enumerate(steps):
         match = make_call(word, args)
@@ -409,3 +424,8 @@ def test_container_stages_have_what_their_make_targets_need(tmp_path: Path) -> N
         dry = subprocess.run(["make", "-n", match.group(1), *command], cwd=stage,
                              capture_output=True, text=True, timeout=60)
         assert dry.returncode == 0, (match.group(0), dry.stderr)
+        if match.group(1) == "setup":
+            assert project_files(stage) == [], match.group(0)
+    # The check fails where it should: a stage without the package's code.
+    assert project_files(tmp_path) == ["README.md", "lib/workbench/__init__.py",
+                                       "conf/config.yaml", "notebooks/train.ipynb"]
