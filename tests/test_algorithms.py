@@ -4,17 +4,20 @@ included)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import inspect
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
+from stable_baselines3 import A2C
 from workbench import config
-from workbench.config import ConfigError
+from workbench.config import A2CConfig, ConfigError, OnPolicyConfig
 from workbench.training import algorithms, load_config, train
 
 from .conftest import TINY
@@ -295,3 +298,40 @@ def test_a_sweep_over_algorithms_and_its_report_compare_them(store: Path, tmp_pa
         assert (folder / figure).stat().st_size > 0, figure
     markdown = (folder / "report.md").read_text()
     assert "algo=ppo" in markdown and "algo=sac" in markdown
+
+
+@dataclass
+class ToyConfig(OnPolicyConfig):
+    """A new on-policy algorithm (SB3's A2C under another name), added by the recipe alone."""
+
+    name: str = "toy"
+    n_steps: int = 8
+
+
+class Toy(A2C):
+    """The toy's implementation: its own class, so a built model names its algorithm."""
+
+
+def test_a_new_on_policy_algorithm_needs_only_the_documented_recipe(
+        store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/algorithms.md's "Adding an algorithm", steps 1-3, for an on-policy algorithm that
+    is neither PPO nor A2C: nothing else in the workbench has to know it."""
+    monkeypatch.setitem(config.ALGORITHMS, "toy", ToyConfig)  # 1. the schema, in ALGORITHMS
+    conf = store / "conf"  # 2. its config files (here in the user's config directory)
+    for group, name, text in (("algo", "toy", "defaults: [toy_schema, _self_]\n"),
+                              ("debug_algo", "tiny_toy", "policy: {pi: [16], vf: [16]}\n"),
+                              ("search", "toy", "name: toy\nparams:\n  learning_rate: "
+                                                "{low: 1.0e-4, high: 1.0e-3, log: true}\n")):
+        (conf / group).mkdir(parents=True, exist_ok=True)
+        (conf / group / f"{name}.yaml").write_text(text)
+    a2c = algorithms.algorithm("a2c")  # 3. its Algorithm entry
+    monkeypatch.setitem(algorithms.REGISTRY, "toy", dataclasses.replace(
+        a2c, name="toy", label="Toy", cls=Toy, arguments=lambda a: a2c.arguments(
+            A2CConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(ToyConfig)
+                         if f.name != "name"}))))
+    cfg = load_config(["algo=toy", *TINY, "total_timesteps=64", "eval.final_episodes=1"])
+    assert (cfg.algo.name, config.derive(cfg).gradient_steps_per_iteration) == ("toy", 1)
+    result = train(cfg)
+    run = MlflowClient(os.environ["MLFLOW_TRACKING_URI"]).get_run(result.run_id)
+    assert run.info.status == "FINISHED" and run.data.params["algo.name"] == "toy"
+    assert run.data.params["derived.minibatches_per_epoch"] == "1"

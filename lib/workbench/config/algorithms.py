@@ -58,6 +58,15 @@ class AlgoConfig:
         off-policy algorithms' ``train_freq``)."""
         raise NotImplementedError
 
+    def minibatches(self, rollout: int) -> int:
+        """Minibatches an update splits ``rollout`` samples into (the default: one, the
+        whole rollout, as A2C)."""
+        return 1
+
+    def update_steps(self, rollout: int) -> int:
+        """Gradient steps one update takes (the default: one per minibatch)."""
+        return self.minibatches(rollout)
+
 
 @dataclass
 class OnPolicyConfig(AlgoConfig):
@@ -94,6 +103,12 @@ class PPOConfig(OnPolicyConfig):
     clip_range_vf: float | None = ranged(None, 0, above=True, example=0.2)
     # stop an update's epochs early above this approximate KL; None: never
     target_kl: float | None = ranged(None, 0, above=True, example=0.02)
+
+    def minibatches(self, rollout: int) -> int:
+        return -(-rollout // self.batch_size)
+
+    def update_steps(self, rollout: int) -> int:
+        return self.minibatches(rollout) * self.n_epochs
 
 
 @dataclass
@@ -175,6 +190,9 @@ class OffPolicyConfig(AlgoConfig):
 
     def steps_per_update(self) -> int:
         return self.train_freq
+
+    def update_steps(self, rollout: int) -> int:
+        return self.gradient_steps  # one batch from the buffer each
 
 
 @dataclass

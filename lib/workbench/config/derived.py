@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workbench.config.algorithms import A2CConfig, OffPolicyConfig, PPOConfig
+from workbench.config.algorithms import OffPolicyConfig
 from workbench.config.schema import WorkbenchConfig
 
 # The config keys each logged ``derived.*`` param follows from (training.describe's run_params;
@@ -47,14 +47,7 @@ def derive(cfg: WorkbenchConfig) -> Derived:
     """Compute the derived quantities of a validated config."""
     a = cfg.algo
     rollout = cfg.env.num_envs * a.steps_per_update()
-    minibatches, steps = 1, 1  # A2C: one gradient step on the whole rollout
-    if isinstance(a, PPOConfig):
-        minibatches = -(-rollout // a.batch_size)
-        steps = minibatches * a.n_epochs
-    elif isinstance(a, OffPolicyConfig):
-        steps = a.gradient_steps
-    else:
-        assert isinstance(a, A2CConfig), type(a)
+    minibatches, steps = a.minibatches(rollout), a.update_steps(rollout)  # the schema's own
     log_every = rollout
     if isinstance(a, OffPolicyConfig):  # about every 1,000 steps, at least 10 points a run
         log_every = -(-max(rollout, min(1000, cfg.total_timesteps // 10)) // rollout) * rollout
