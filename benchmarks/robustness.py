@@ -53,7 +53,7 @@ def checkpoint_costs(saves: int) -> None:
         plain = MlflowClient(uri)
         run_id = plain.create_run(plain.create_experiment("bench", (Path(tmp) / "a").as_uri())
                                   ).info.run_id
-        client = outbox.DeliveryClient(uri, run_id)
+        client = outbox.RunWriter(uri, run_id)
         recovery = checkpoint.RecoveryCallback(
             client, run_id, config.to_yaml(cfg), train_env, eval_env, every_steps=0,
             keep_last=3, interruption=Interruption())

@@ -51,12 +51,12 @@ def signal_in(owner: Any, name: str, *, after: bool = False) -> None:
 def signal_after_outbox() -> None:
     """The run's outbox (a class, checked with isinstance) signals once it is open."""
 
-    class Signalling(lifecycle.DeliveryClient):
+    class Signalling(lifecycle.RunWriter):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             sigterm()
 
-    lifecycle.DeliveryClient = Signalling  # type: ignore[misc]
+    lifecycle.RunWriter = Signalling  # type: ignore[misc]
 
 
 POINTS: dict[str, Callable[[], None]] = {
@@ -79,7 +79,7 @@ POINTS: dict[str, Callable[[], None]] = {
     # training is over; the model is being saved
     "model_save": lambda: signal_in(trainer, "save_model"),
     # the run's final status is being written
-    "final_status": lambda: signal_in(lifecycle.DeliveryClient, "set_terminated"),
+    "final_status": lambda: signal_in(lifecycle.RunWriter, "set_terminated"),
 }
 
 

@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 from workbench import cli
-from workbench.tracking import logged_models
+from workbench.envs.robot_files import robot_files
+from workbench.envs.spec import EnvSpec
+from workbench.tracking import logged_models, runs
+from workbench.tracking.inputs import log_run_inputs
 from workbench.tracking.logged_models import (
     BEST_STEP_TAG,
     BEST_TAG,
@@ -26,8 +29,8 @@ from workbench.tracking.logged_models import (
     CheckpointEvaluation,
     CheckpointModels,
 )
-from workbench.tracking.outbox import fast_fail_http
-from workbench.training import callbacks
+from workbench.tracking.outbox import RunWriter, fast_fail_http
+from workbench.training import callbacks, load_config
 from workbench.training.checkpoint import checkpoint_path, retention_victims
 
 from . import faulty_envs
@@ -158,31 +161,48 @@ def test_bad_checkpoint_choices_stop_before_the_store(
 # --------------------------------------------------------------------------- the store
 
 
-def test_logged_models_catch_up_once_the_store_is_back(store: Path) -> None:
-    """Logged-model writes that failed while the store was away never raise; the next sync
-    makes what is missing, with its evaluation and its tags as they are by then."""
+def test_inputs_and_logged_models_reach_a_store_that_was_down(store: Path) -> None:
+    """The store is down while the run records: its run inputs and its checkpoints' logged
+    models are journaled like every other write, and `workbench runs sync` delivers them
+    (models made, evaluated, READY, the best moved off the older one; the robot linked)."""
     live = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
-    run_id, _ = new_run(live, store)
+    run_id, origin = new_run(live, store)
     experiment_id = live.get_run(run_id).info.experiment_id
+    robot = robot_files(EnvSpec.from_config(load_config(["env=halfcheetah"])))
+    assert robot is not None
     with fast_fail_http():
-        models = CheckpointModels(MlflowClient(down_url()), experiment_id, lambda: run_id)
-        models.add(128, checkpoint_path(128), CheckpointEvaluation(128, 5.0, 0.5, 1_000))
-        models.set_best(128)
-        assert models.sync() is False and models.missing() == [128]
-    models.add(256, checkpoint_path(256), CheckpointEvaluation(256, 9.0, 1.0, 2_000))
-    models.set_best(256)
-    models.set_deleted(128)
-    models.store = live  # the store is back
-    assert models.sync() is True and models.missing() == []
+        down = RunWriter(down_url(), run_id, origin=origin, drain_timeout_s=0.5)
+        log_run_inputs(down, run_id, {"robot": robot.to_manifest(), "dataset": None},
+                       robot.location)
+        models = CheckpointModels(lambda state: down.logged_models(run_id, state))
+        for step, mean in ((128, 5.0), (256, 9.0)):
+            evaluation = CheckpointEvaluation(step, mean, mean / 10, 1_000 * step)
+            down.log_batch(run_id, metrics=evaluation.metrics())  # as the checkpoint does
+            models.add(step, checkpoint_path(step), evaluation)
+            models.set_best(step)
+            models.publish()
+        models.set_deleted(128)
+        models.publish()
+        assert down.close() == 6  # inputs, two metric batches, three states of the models
+    result = runs.sync_outbox(live, store / "outbox" / run_id)
+    assert (result.left, result.dropped) == (0, 0)
     found = {int(m.params[STEP_PARAM]): m for m in live.search_logged_models(
         [experiment_id], filter_string=f"source_run_id = '{run_id}'")}
     assert sorted(found) == [128, 256]
-    assert {m.key: m.value for m in found[256].metrics} == {EVAL_MEAN_KEY: 9.0, EVAL_STD_KEY: 1.0}
+    assert {m.key: m.value for m in found[256].metrics} == {EVAL_MEAN_KEY: 9.0, EVAL_STD_KEY: 0.9}
     assert (found[128].tags[BEST_TAG], found[128].tags[STORED_TAG]) == ("false", "false")
     assert (found[256].tags[BEST_TAG], found[256].tags[STORED_TAG]) == ("true", "true")
-    assert str(found[256].status) == "READY"
+    assert {str(m.status) for m in found.values()} == {"READY"}
     # The model-linked rows are the run's rows too, once each.
     assert [m.step for m in live.get_metric_history(run_id, EVAL_MEAN_KEY)] == [128, 256]
+    (dataset,) = live.get_run(run_id).inputs.dataset_inputs
+    assert dataset.dataset.name.endswith("half_cheetah.xml")
+    assert [t.value for t in dataset.tags] == ["robot"]
+    # Delivered twice (a sync after a crash that came between delivery and its record), the
+    # same state makes nothing new.
+    logged_models.sync_logged_models(live, run_id, {"checkpoints": {}, "stored": [256]})
+    assert len(live.search_logged_models([experiment_id], filter_string=(
+        f"source_run_id = '{run_id}'"))) == 2
 
 
 def test_a_collapsing_run_keeps_and_exports_its_best_checkpoint(

@@ -261,7 +261,7 @@ def test_outbox_keeps_what_the_store_refused_and_sync_delivers_it_once(
     experiment = client.create_experiment("outbox", artifact_location=(tmp_path / "a").as_uri())
     run_id = client.create_run(experiment).info.run_id
     # The same run, through a tracking server that is not there (nothing listens on the port).
-    down = outbox.DeliveryClient(f"http://127.0.0.1:{free_port()}", run_id, drain_timeout_s=0.5)
+    down = outbox.RunWriter(f"http://127.0.0.1:{free_port()}", run_id, drain_timeout_s=0.5)
     metrics = [Metric("loss", float(step), 1_700_000_000_000 + step, step) for step in (1, 2)]
     down.log_batch(run_id, metrics=metrics)
     down.log_text(run_id, "hello", "notes/hello.txt")

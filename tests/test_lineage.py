@@ -16,7 +16,6 @@ import io
 import json
 import multiprocessing
 import os
-import socket
 import struct
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,6 @@ from workbench import cli
 from workbench.config import ConfigError
 from workbench.envs import robot_files
 from workbench.tracking import manifest, manifest_diff
-from workbench.tracking.inputs import log_run_inputs
 from workbench.training import dataset as hub_dataset
 from workbench.training import load_config, train
 
@@ -311,20 +309,3 @@ def test_a_robot_file_outside_the_model_folder_is_one_line(
     assert str(caught.value) == (
         f"env.id=Robot-v0: robot file robot.xml references {shown}, which is outside the "
         f"model's folder {model.parent}; keep every file the model uses under that folder")
-
-
-def test_inputs_the_store_cannot_take_cost_a_warning_not_the_run(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    robot = robot_files.collect(write_robot(tmp_path / "robot"), "Robot-v0")
-    with socket.socket() as probe:  # a port nothing listens on: a tracking server that is down
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    client = MlflowClient(f"http://127.0.0.1:{port}")
-    assert not log_run_inputs(client, "run1", {"robot": robot.to_manifest(), "dataset": None})
-    err = capsys.readouterr().err
-    assert err.startswith("workbench: warning: run run1: its inputs (robot model, dataset) were "
-                          "not logged as MLflow run inputs (MlflowException: "), err
-    assert err.endswith("); they are recorded in its manifest.json (inputs section)\n")
-    assert err.count("\n") == 1

@@ -94,7 +94,7 @@ def test_a_run_purged_mid_run_is_recreated_from_the_journal(
     uri = os.environ["MLFLOW_TRACKING_URI"]
     client = MlflowClient(uri)
     run_id, origin = new_run(client, tmp_path)
-    live = outbox.DeliveryClient(uri, run_id, origin=origin)
+    live = outbox.RunWriter(uri, run_id, origin=origin)
     live.log_batch(run_id, params=[Param("algo.n_steps", "64")])
     live.log_batch(run_id, metrics=metrics(1, 2))
     live.log_text(run_id, "seed: 0\n", "config.yaml")
@@ -139,7 +139,7 @@ def test_sync_recreates_a_run_the_replaced_store_does_not_have(
 ) -> None:
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     run_id, origin = new_run(client, tmp_path, experiment="lost")
-    down = outbox.DeliveryClient(down_url(), run_id, origin=origin, drain_timeout_s=0.5)
+    down = outbox.RunWriter(down_url(), run_id, origin=origin, drain_timeout_s=0.5)
     down.log_batch(run_id, params=[Param("seed", "0")])
     down.log_batch(run_id, metrics=metrics(128))
     down.log_batch(run_id, metrics=metrics(256))
@@ -169,7 +169,7 @@ def test_an_outbox_without_its_origin_is_kept_when_the_run_is_gone(
 ) -> None:
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     run_id, _ = new_run(client, tmp_path)
-    down = outbox.DeliveryClient(down_url(), run_id, drain_timeout_s=0.5)  # no origin given
+    down = outbox.RunWriter(down_url(), run_id, drain_timeout_s=0.5)  # no origin given
     down.log_batch(run_id, metrics=metrics(1))
     assert down.close() == 1
     folder = store / "outbox" / run_id
@@ -188,7 +188,7 @@ def test_sync_waits_for_a_deleted_run_and_drops_only_the_refused_write(
 ) -> None:
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     run_id, origin = new_run(client, tmp_path)
-    down = outbox.DeliveryClient(down_url(), run_id, origin=origin, drain_timeout_s=0.5)
+    down = outbox.RunWriter(down_url(), run_id, origin=origin, drain_timeout_s=0.5)
     down.log_batch(run_id, params=[Param("lr", "0.001")])
     down.log_batch(run_id, metrics=metrics(1))
     down.log_batch(run_id, params=[Param("lr", "0.5")])  # MLflow's params are write-once
@@ -257,7 +257,7 @@ def test_a_run_reaped_while_alive_is_revived_and_ends_truthfully(
     uri = os.environ["MLFLOW_TRACKING_URI"]
     client = MlflowClient(uri)
     run_id, origin = new_run(client, tmp_path)
-    live = outbox.DeliveryClient(uri, run_id, origin=origin)
+    live = outbox.RunWriter(uri, run_id, origin=origin)
     assert live.flush(60)  # its first heartbeat
     # Its heartbeats stop reaching the store (a suspended process, a partition): reaped.
     assert runs.reap_stale_runs(uri, older_than_s=300, now=time.time() + 400) == [run_id]
@@ -283,7 +283,7 @@ def test_a_status_synced_after_a_reap_replaces_the_reap(store: Path, tmp_path: P
     client = MlflowClient(uri)
     run_id, origin = new_run(client, tmp_path)
     # The training was stopped by SIGTERM while its store was unreachable...
-    down = outbox.DeliveryClient(down_url(), run_id, origin=origin, drain_timeout_s=0.5)
+    down = outbox.RunWriter(down_url(), run_id, origin=origin, drain_timeout_s=0.5)
     down.set_tag(run_id, "error", "interrupted: SIGTERM received at step 256")
     down.set_terminated(run_id, "KILLED", end_time=int(time.time() * 1000))
     assert down.close() == 2

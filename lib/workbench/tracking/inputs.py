@@ -16,18 +16,14 @@ MLflow keeps at most 36 characters of a digest (``MAX_DATASET_DIGEST_SIZE``), so
 holds the first 36 hex digits; the profile (``{"sha256" or "commit": <full value>, "files",
 "bytes"}``) and the manifest hold the full values.
 
-Run inputs do not go through the run's outbox (:mod:`workbench.tracking.outbox` journals
-metrics, params, tags, artifacts and the status; MLflow's ``log_inputs`` is none of those): they
-are written straight to the store once, when the run starts. A store that cannot take them
-then (down, locked, refusing) costs a warning line, never the training: the same record is in
-``manifest.json``, which the outbox does deliver, and ``workbench runs sync`` does not add the
-MLflow inputs later.
+Run inputs go through the run's writer (:mod:`workbench.tracking.outbox`), journaled like its
+metrics and artifacts: a store that cannot take them when the run starts (down, locked,
+refusing) gets them when it is back, or from ``workbench runs sync``.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,10 +32,9 @@ from typing import Any
 from mlflow.data.dataset_source import DatasetSource
 from mlflow.data.meta_dataset import MetaDataset
 from mlflow.entities import DatasetInput, InputTag
-from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-from workbench.tracking.outbox import short_error
+from workbench.tracking.outbox import RunWriter
 from workbench.tracking.redaction import redact_uri
 
 DIGEST_LENGTH = 36  # MLflow's MAX_DATASET_DIGEST_SIZE
@@ -102,18 +97,9 @@ def dataset_inputs(inputs: Mapping[str, Any], model_path: Path | None = None
             for dataset, context in found]
 
 
-def log_run_inputs(client: MlflowClient, run_id: str, inputs: Mapping[str, Any],
-                   model_path: Path | None = None) -> bool:
-    """Log ``inputs`` as the run's MLflow dataset inputs, straight to the store; True when
-    the store took them. A failure is one warning line: the manifest keeps the record."""
-    if not inputs.get("robot") and not inputs.get("dataset"):
-        return True
-    try:
-        datasets = dataset_inputs(inputs, model_path)
-        MlflowClient.log_inputs(client, run_id, datasets=datasets)
-    except Exception as exc:  # the store is down, locked or refuses: training goes on
-        print(f"workbench: warning: run {run_id}: its inputs (robot model, dataset) were not "
-              f"logged as MLflow run inputs ({short_error(exc)}); they are recorded in its "
-              "manifest.json (inputs section)", file=sys.stderr, flush=True)
-        return False
-    return True
+def log_run_inputs(writer: RunWriter, run_id: str, inputs: Mapping[str, Any],
+                   model_path: Path | None = None) -> None:
+    """Log ``inputs`` as the run's MLflow dataset inputs, through the run's writer (journaled:
+    a store that is down now gets them later, ``workbench runs sync`` after a crash)."""
+    if inputs.get("robot") or inputs.get("dataset"):
+        writer.log_inputs(run_id, dataset_inputs(inputs, model_path))

@@ -23,8 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Metric, Param, RunTag
+from google.protobuf.json_format import MessageToDict, ParseDict
+from mlflow.entities import DatasetInput, Metric, Param, RunTag
+from mlflow.protos.service_pb2 import DatasetInput as ProtoDatasetInput
 from mlflow.tracking import MlflowClient
+
+from workbench.tracking.logged_models import sync_logged_models
 
 JOURNAL = "journal.jsonl"
 LOCK_FILE = "lock"
@@ -187,6 +191,16 @@ def encode_batch(
     }
 
 
+def encode_dataset_input(dataset: DatasetInput) -> dict[str, Any]:
+    """An MLflow run input as a journal record's JSON (its protobuf message as a dict)."""
+    return MessageToDict(dataset.to_proto())
+
+
+def decode_dataset_input(data: Mapping[str, Any]) -> DatasetInput:
+    """:func:`encode_dataset_input` undone."""
+    return DatasetInput.from_proto(ParseDict(dict(data), ProtoDatasetInput()))
+
+
 def metric_batches(queue: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The head of the queue: one record, or the run of metric-only batches that starts it.
 
@@ -237,6 +251,10 @@ def apply(client: MlflowClient, run_id: str, record: Mapping[str, Any], journal:
         MlflowClient.log_artifacts(client, run_id, str(folder), record.get("artifact_path"))
     elif op == "delete_artifacts":
         delete_artifacts(client, run_id, record["artifact_path"])
+    elif op == "log_inputs":
+        client.log_inputs(run_id, datasets=[decode_dataset_input(d) for d in record["datasets"]])
+    elif op == "logged_models":
+        sync_logged_models(client, run_id, record["state"])
     else:
         raise ValueError(f"unknown outbox operation {op!r}")
 

@@ -14,36 +14,31 @@ The evaluations are not logged under ``eval/*``: MLflow writes a model-linked me
 run as well, and the run's ``eval/mean_reward`` curve (reports, tuning objectives) holds the
 periodic evaluations only.
 
-Two records, two paths:
+Both records go through the run's writer (workbench.tracking.outbox), journaled like every
+other write of a training, so both survive a store that is down (at start or later) and are
+delivered by ``workbench runs sync`` after a crash:
 
-- **The run's own record goes through its outbox** (workbench.tracking.outbox), like every
-  other write of a training: each evaluation as the run metrics above, and the best one as tag
+- **the run's own record**: each evaluation as the run metrics above, and the best one as tag
   ``checkpoint.best_step`` and metric ``checkpoint/best_eval_mean_reward`` (at the best
-  checkpoint's step). It survives an unreachable store and is what ``workbench export
-  --checkpoint best`` and the reports read.
-- **The logged models are written straight to the store, best effort**, by
-  :class:`CheckpointModels`: the outbox journal has no logged-model operations, and a model id
-  only exists once the store made it. While the outbox reports the store unreachable nothing
-  is attempted (a training never waits on a down store); a failed call is kept and the whole
-  state is brought up to date at the next checkpoint and at the end of training
-  (:meth:`CheckpointModels.sync` is idempotent: it creates what is missing, fixes tags).
-  Training never fails for it: what is still missing at the end is named in one warning, and
-  the run's metrics above keep every evaluation. Its metric rows carry the journaled rows'
-  timestamps, so the run gets each value once whichever write arrives first.
+  checkpoint's step). It is what ``workbench export --checkpoint best`` and the reports read;
+- **the logged models**: :class:`CheckpointModels` publishes the whole state they should be
+  in after every checkpoint (which exist, their evaluations, the best, which are still
+  stored), and :func:`sync_logged_models` brings the store in line, idempotently (it finds
+  the models already made by their ``source_run_id`` and step). Only the newest state not yet
+  delivered counts. Their metric rows carry the journaled rows' timestamps, so the run gets
+  each value once whichever write arrives first.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
-from mlflow.entities import LoggedModelOutput, LoggedModelStatus, Metric
+from mlflow.entities import LoggedModel, LoggedModelOutput, LoggedModelStatus, Metric
 from mlflow.tracking import MlflowClient
-
-from workbench.tracking.store import truncate
 
 EVAL_MEAN_KEY = "checkpoint/eval_mean_reward"
 EVAL_STD_KEY = "checkpoint/eval_std_reward"
@@ -100,158 +95,114 @@ def is_better(value: float, best: float | None) -> bool:
 
 
 def checkpoint_models(client: MlflowClient, experiment_id: str, run_id: str
-                      ) -> dict[int, tuple[str, str]]:
-    """The run's checkpoint logged models: step -> (model id, checkpoint path); the newest
-    model of a step, if several."""
-    found: dict[int, tuple[int, str, str]] = {}
+                      ) -> dict[int, LoggedModel]:
+    """The run's checkpoint logged models by step (the newest model of a step, if several)."""
+    found: dict[int, LoggedModel] = {}
     token = None
     while True:
         page = client.search_logged_models(
             [experiment_id], filter_string=f"source_run_id = '{run_id}'", page_token=token)
         for model in page:
             raw = model.params.get(STEP_PARAM, "")
-            if model.model_type == MODEL_TYPE and raw.isdigit():
-                step, created = int(raw), int(model.creation_timestamp or 0)
-                if step not in found or created >= found[step][0]:
-                    found[step] = (created, model.model_id, model.params.get(PATH_PARAM, ""))
+            if model.model_type != MODEL_TYPE or not raw.isdigit():
+                continue
+            step = int(raw)
+            if step not in found or (model.creation_timestamp or 0) >= (
+                    found[step].creation_timestamp or 0):
+                found[step] = model
         token = page.token
         if not token:
-            return {step: (model_id, path) for step, (_, model_id, path) in found.items()}
+            return found
 
 
-@dataclass
-class Wanted:
-    """What the store should hold for one checkpoint, and how far it got."""
+def model_tags(best: bool, stored: bool, evaluation: Mapping[str, Any] | None
+               ) -> dict[str, str]:
+    """A checkpoint model's tags: best, still stored, its evaluation reused."""
+    tags = {BEST_TAG: str(best).lower(), STORED_TAG: str(stored).lower()}
+    if evaluation is not None:
+        tags[REUSED_TAG] = str(bool(evaluation["reused"])).lower()
+    return tags
 
-    path: str
-    evaluation: CheckpointEvaluation | None
-    best: bool = False
-    stored: bool = True
-    model_id: str | None = None
-    metrics_logged: bool = False
-    ready: bool = False
-    tags_sent: dict[str, str] = field(default_factory=dict)
 
-    def tags(self) -> dict[str, str]:
-        return {BEST_TAG: str(self.best).lower(), STORED_TAG: str(self.stored).lower(),
-                **({REUSED_TAG: str(self.evaluation.reused).lower()} if self.evaluation else {})}
+def sync_logged_models(store: MlflowClient, run_id: str, state: Mapping[str, Any]) -> None:
+    """Bring the run's checkpoint logged models in line with ``state`` (what
+    :class:`CheckpointModels` publishes); idempotent, so the run's writer can deliver it
+    again after a failure, an outage or a crash (``workbench runs sync``).
+
+    Each checkpoint of ``state["checkpoints"]`` gets its model (created if missing, its
+    evaluation logged as model metrics, finalized READY), tagged best or not and stored or
+    not (``state["stored"]``); models of checkpoints it does not list (an earlier process's,
+    on resume) keep their record, their tags brought in line.
+    """
+    experiment_id = store.get_run(run_id).info.experiment_id
+    existing = checkpoint_models(store, experiment_id, run_id)
+    stored = {int(step) for step in state.get("stored", ())}
+    wanted = {int(step): value for step, value in state.get("checkpoints", {}).items()}
+    for step in sorted(set(existing) | set(wanted)):
+        want = wanted.get(step)
+        evaluation = want["evaluation"] if want else None
+        tags = model_tags(bool(want and want["best"]), step in stored, evaluation)
+        model = existing.get(step)
+        if model is None and want is None:
+            continue
+        if model is None:
+            assert want is not None
+            model = store.create_logged_model(
+                experiment_id=experiment_id, name=f"checkpoint-step-{step}",
+                source_run_id=run_id, model_type=MODEL_TYPE, tags=tags,
+                params={PATH_PARAM: want["path"], STEP_PARAM: str(step)})
+            store.log_outputs(run_id, [LoggedModelOutput(model.model_id, step)])
+        if model.status != LoggedModelStatus.READY:
+            if evaluation is not None:
+                store.log_batch(run_id, metrics=evaluation_metrics(step, evaluation,
+                                                                   model.model_id))
+            store.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
+        if {k: model.tags.get(k) for k in tags} != tags:
+            store.set_logged_model_tags(model.model_id, tags)
+
+
+def evaluation_metrics(step: int, evaluation: Mapping[str, Any], model_id: str
+                       ) -> list[Metric]:
+    """A checkpoint's evaluation as model-linked metric rows (the journaled run rows'
+    timestamps, so the run holds each value once)."""
+    return CheckpointEvaluation(step, float(evaluation["mean"]), float(evaluation["std"]),
+                                int(evaluation["timestamp_ms"])).metrics(model_id)
 
 
 class CheckpointModels:
-    """The logged models of one run's checkpoints, kept in line with what training decided.
+    """The state a run's checkpoint logged models should be in, published whole through the
+    run's writer (journaled and delivered by :func:`sync_logged_models`): each checkpoint
+    with its path, its evaluation and whether it is the best, and which checkpoints are still
+    in the run's artifacts."""
 
-    ``run_id`` and ``unreachable`` are read at each sync: the run's id in the store and
-    whether the outbox currently finds the store unreachable (then nothing is attempted). A
-    run the store lost is re-created by the outbox under a new id, in that store's experiment
-    of the same name: its logged models are then made anew there (those of an earlier
-    process, adopted on resume, without their evaluation).
-    """
-
-    def __init__(self, store: MlflowClient, experiment_id: str, run_id: Callable[[], str],
-                 unreachable: Callable[[], bool] = lambda: False) -> None:
-        self.store = store
-        self.experiment_id = experiment_id
-        self.run_id = run_id
-        self.unreachable = unreachable
-        self.wanted: dict[int, Wanted] = {}
-        self.last_error: str | None = None
-        self.made_for = run_id()  # the run id the model ids in ``wanted`` belong to
-
-    def adopt(self, stored_steps: Collection[int]) -> None:
-        """A resumed run: take over the logged models its earlier processes made, so that
-        the best tag can move off them and retention can mark them deleted (their tags are
-        brought in line at the next sync). Best effort, as every store call here."""
-        if self.unreachable():
-            return
-        try:
-            existing = checkpoint_models(self.store, self.experiment_id, self.run_id())
-        except Exception as exc:  # the store is away or refuses: the models stay as they are
-            self.last_error = truncate(f"{type(exc).__name__}: {exc}".splitlines()[0], 200)
-            return
-        for step, (model_id, path) in existing.items():
-            self.wanted.setdefault(step, Wanted(
-                path=path, evaluation=None, stored=step in stored_steps, model_id=model_id,
-                metrics_logged=True, ready=True))
+    def __init__(self, publish: Callable[[dict[str, Any]], None],
+                 stored_steps: Collection[int] = ()) -> None:
+        self.publish_state = publish
+        self.checkpoints: dict[int, dict[str, Any]] = {}
+        self.stored = set(stored_steps)  # a resumed run's checkpoints are in its artifacts
 
     def add(self, step: int, path: str, evaluation: CheckpointEvaluation | None) -> None:
-        """A checkpoint was written (its logged model is made at the next sync)."""
-        self.wanted[step] = Wanted(path, evaluation)
+        """A checkpoint was written."""
+        self.checkpoints[step] = {"path": path, "best": False, "evaluation": None if
+                                  evaluation is None else {
+                                      "mean": evaluation.mean, "std": evaluation.std,
+                                      "timestamp_ms": evaluation.timestamp_ms,
+                                      "reused": evaluation.reused}}
+        self.stored.add(step)
 
     def set_best(self, step: int) -> None:
         """The checkpoint of ``step`` is the run's best; no other one is."""
-        for each_step, wanted in self.wanted.items():
-            wanted.best = each_step == step
+        for each_step, checkpoint in self.checkpoints.items():
+            checkpoint["best"] = each_step == step
 
     def set_deleted(self, step: int) -> None:
         """Retention deleted the checkpoint of ``step`` from the run's artifacts."""
-        if step in self.wanted:
-            self.wanted[step].stored = False
+        self.stored.discard(step)
 
-    def missing(self) -> list[int]:
-        """Steps whose logged model is not (fully) in the store yet."""
-        return sorted(step for step, w in self.wanted.items()
-                      if not w.ready or w.tags_sent != w.tags())
-
-    def sync(self) -> bool:
-        """Bring the store in line (create, log metrics, finalize, tag); True when it is.
-
-        Never raises: a failure stops this sync and is retried at the next.
-        """
-        if self.unreachable():
-            self.last_error = "the tracking store is unreachable"
-            return False
-        try:
-            self._follow_recreated_run()
-            for step in sorted(self.wanted):
-                self._sync_one(step, self.wanted[step])
-        except Exception as exc:  # the store is away or refused a write: retried next time
-            self.last_error = truncate(f"{type(exc).__name__}: {exc}".splitlines()[0], 200)
-            return False
-        self.last_error = None
-        return True
-
-    def _follow_recreated_run(self) -> None:
-        """The outbox re-created the run under a new id: its experiment, and no model yet."""
-        run_id = self.run_id()
-        if run_id == self.made_for:
-            return
-        self.experiment_id = self.store.get_run(run_id).info.experiment_id
-        for wanted in self.wanted.values():
-            wanted.model_id, wanted.metrics_logged, wanted.ready = None, False, False
-            wanted.tags_sent = {}
-        self.made_for = run_id
-
-    def _sync_one(self, step: int, wanted: Wanted) -> None:
-        run_id = self.run_id()
-        if wanted.model_id is None:
-            if not wanted.path:
-                return
-            model = self.store.create_logged_model(
-                experiment_id=self.experiment_id, name=f"checkpoint-step-{step}",
-                source_run_id=run_id, model_type=MODEL_TYPE, tags=wanted.tags(),
-                params={PATH_PARAM: wanted.path, STEP_PARAM: str(step)})
-            wanted.model_id, wanted.tags_sent = model.model_id, wanted.tags()
-            self.store.log_outputs(run_id, [LoggedModelOutput(model.model_id, step)])
-        if not wanted.metrics_logged:
-            if wanted.evaluation is not None:
-                self.store.log_batch(run_id, metrics=wanted.evaluation.metrics(wanted.model_id))
-            wanted.metrics_logged = True
-        if not wanted.ready:
-            self.store.finalize_logged_model(wanted.model_id, LoggedModelStatus.READY)
-            wanted.ready = True
-        if wanted.tags_sent != wanted.tags():
-            self.store.set_logged_model_tags(wanted.model_id, wanted.tags())
-            wanted.tags_sent = wanted.tags()
-
-    def close(self) -> None:
-        """The last sync (end of training); one warning naming what is still missing."""
-        if self.sync() or not self.missing():
-            return
-        steps = ", ".join(str(s) for s in self.missing())
-        print(f"workbench: warning: the logged models of checkpoints at step(s) {steps} are "
-              f"not (fully) in the tracking store ({self.last_error}); their evaluations are "
-              f"kept in the run's metrics {EVAL_MEAN_KEY} and {EVAL_STD_KEY}",
-              file=sys.stderr, flush=True)
+    def publish(self) -> None:
+        """Hand the whole state to the run's writer."""
+        self.publish_state({"checkpoints": {str(k): v for k, v in self.checkpoints.items()},
+                            "stored": sorted(self.stored)})
 
 
 def now_ms() -> int:

@@ -62,11 +62,11 @@ from workbench.tracking.redaction import (
     scrub,
     scrub_text,
 )
-from workbench.tracking.store import set_tags
+from workbench.tracking.store import RunWrites, set_tags
 
 if TYPE_CHECKING:
 
-    from mlflow.tracking import MlflowClient
+    pass
 
 MANIFEST_FILE = "manifest.json"
 GIT_DIFF_FILE = "git.diff"
@@ -557,7 +557,7 @@ def gpu_summary(gpus: Sequence[Mapping[str, Any]]) -> str:
 
 
 def record_manifest(
-    client: MlflowClient,
+    client: RunWrites,
     run_id: str,
     run_info: Mapping[str, Any] | None = None,
     *,

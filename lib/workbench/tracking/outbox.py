@@ -42,7 +42,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import DatasetInput, Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from workbench import paths
@@ -55,6 +55,7 @@ from workbench.tracking.journal import (
     apply,
     clear_reap,
     encode_batch,
+    encode_dataset_input,
     is_metric_only,
     merge_metric_batches,
     metric_batches,
@@ -119,16 +120,38 @@ def short_error(exc: BaseException, limit: int = 200) -> str:
 # --------------------------------------------------------------------------- the client
 
 
-class DeliveryClient(MlflowClient):
-    """An ``MlflowClient`` for one training run whose writes go through the outbox.
+class RunWriter:
+    """Every write a training makes to its MLflow run, in one place: the run's outbox.
 
-    Reads (``get_run``, ``list_artifacts``...) go straight to the store. Writes return at once;
-    they are journaled and delivered in order by a background thread. ``skip_logged`` maps
-    metric keys to the last step the store already holds for them: after a resume the
-    iterations between the checkpoint and the interruption are recomputed, and their values
-    (identical on the same machine) are not logged twice. ``origin`` says how the run was
-    created (:func:`workbench.tracking.rejection.origin_of`), so that a store that loses the
-    run gets it back; after that :attr:`store_run_id` is the id of the run in the store.
+    A training holds this object, not an ``MlflowClient``: it can only perform these writes,
+    each either **journaled and delivered** (appended to the run's journal first, sent in
+    order by a background thread, kept until the store acknowledges it, replayed by
+    ``workbench runs sync`` after a crash or an outage) or **best effort** by name:
+
+    =====================  =============================================  ==================
+    operation              what it writes                                 guarantee
+    =====================  =============================================  ==================
+    ``log_batch``          params, metrics, tags                          journaled
+    ``set_tag``            one tag                                        journaled
+    ``log_artifacts``,     files and folders (checkpoints, the model,     journaled (copied
+    ``log_artifact``,      the manifest, videos, the resolved config)     into the outbox)
+    ``log_text``
+    ``delete_artifacts``   an artifact folder (checkpoint retention)      journaled, in order
+    ``log_inputs``         MLflow run inputs (robot model, Hub dataset)   journaled
+    ``logged_models``      the checkpoints' MLflow logged models, as the  journaled; the last
+                           whole state they should be in                  state is what counts
+    ``set_terminated``     the run's final status                         journaled
+    ``heartbeat``          tag ``workbench.heartbeat``                    best effort: never
+                                                                          journaled or retried
+    =====================  =============================================  ==================
+
+    Reads (``get_run``, ``list_artifacts``...) go to :attr:`store`, a plain ``MlflowClient``.
+    Writes return at once. ``skip_logged`` maps metric keys to the last step the store already
+    holds for them: after a resume the iterations between the checkpoint and the interruption
+    are recomputed, and their values (identical on the same machine) are not logged twice.
+    ``origin`` says how the run was created (:func:`workbench.tracking.rejection.origin_of`),
+    so that a store that loses the run gets it back; after that :attr:`store_run_id` is the
+    id of the run in the store. A write for another run id goes straight to the store.
     """
 
     def __init__(
@@ -142,7 +165,7 @@ class DeliveryClient(MlflowClient):
         batch_interval_s: float = 1.0,
         folder: Path | None = None,
     ) -> None:
-        super().__init__(tracking_uri=tracking_uri)
+        self.store = MlflowClient(tracking_uri=tracking_uri)  # reads, and delivery
         self.run_id = run_id
         self.uri = tracking_uri
         self.skip_logged = dict(skip_logged or {})
@@ -188,61 +211,43 @@ class DeliveryClient(MlflowClient):
         """The run's id in the store: ``run_id``, or the run re-created after the store lost it."""
         return self.target
 
-    # ----------------------------------------------------------------- writes (MlflowClient API)
+    @property
+    def unreachable(self) -> bool:
+        """The store has not answered the latest delivery attempts (an outage is ongoing)."""
+        return self.outage_since is not None
 
-    def log_batch(  # type: ignore[override]
+    # ----------------------------------------------------------------- the writes
+
+    def log_batch(
         self,
         run_id: str,
         metrics: Sequence[Metric] = (),
         params: Sequence[Param] = (),
         tags: Sequence[RunTag] = (),
-        synchronous: bool | None = None,
     ) -> None:
+        """Params, metrics and tags (MlflowClient.log_batch's arguments)."""
         metrics = [m for m in metrics if m.step > self.skip_logged.get(m.key, -1)]
         if metrics or params or tags:
             self._submit(run_id, encode_batch(metrics, params, tags))
 
-    def log_metric(  # type: ignore[override]
-        self,
-        run_id: str,
-        key: str,
-        value: float,
-        timestamp: int | None = None,
-        step: int | None = None,
-        synchronous: bool | None = None,
-        dataset_name: str | None = None,
-        dataset_digest: str | None = None,
-        model_id: str | None = None,
-    ) -> None:
-        if dataset_name or dataset_digest or model_id:  # MLflow's model-linked metrics
-            MlflowClient.log_metric(self, run_id, key, value, timestamp, step, synchronous,
-                                    dataset_name, dataset_digest, model_id)
-            return
-        now = timestamp if timestamp is not None else int(time.time() * 1000)
-        self.log_batch(run_id, metrics=[Metric(key, float(value), now, step or 0)])
-
-    def log_param(self, run_id: str, key: str, value: Any, synchronous: bool | None = None
-                  ) -> Any:
-        self.log_batch(run_id, params=[Param(key, truncate(value, 6000))])
-        return value
-
-    def set_tag(  # type: ignore[override]
-        self, run_id: str, key: str, value: Any, synchronous: bool | None = None
-    ) -> None:
+    def set_tag(self, run_id: str, key: str, value: Any) -> None:
+        """One tag."""
         self._submit(run_id, encode_batch([], [], [RunTag(key, str(value))]))
 
-    def set_terminated(
-        self, run_id: str, status: str | None = None, end_time: int | None = None
-    ) -> None:
+    def set_terminated(self, run_id: str, status: str | None = None,
+                       end_time: int | None = None) -> None:
+        """The run's final status (FINISHED unless given)."""
         end_time = end_time if end_time is not None else int(time.time() * 1000)
         self._submit(run_id, {"op": "set_terminated", "status": status or "FINISHED",
                               "end_time": end_time})
 
     def log_artifacts(self, run_id: str, local_dir: str, artifact_path: str | None = None) -> None:
+        """A folder's files under ``artifact_path`` (copied into the outbox first)."""
         record = {"op": "log_artifacts", "artifact_path": artifact_path}
         self._submit(run_id, record, copy_from=Path(local_dir))
 
     def log_artifact(self, run_id: str, local_path: str, artifact_path: str | None = None) -> None:
+        """One file (or a folder's files) under ``artifact_path``."""
         source = Path(local_path)
         if source.is_dir():
             self.log_artifacts(run_id, local_path, artifact_path)
@@ -251,6 +256,7 @@ class DeliveryClient(MlflowClient):
         self._submit(run_id, record, copy_from=source)
 
     def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
+        """A text artifact."""
         directory, _, name = artifact_file.rpartition("/")
         record = {"op": "log_artifacts", "artifact_path": directory or None}
         self._submit(run_id, record, text=(name, text))
@@ -258,6 +264,17 @@ class DeliveryClient(MlflowClient):
     def delete_artifacts(self, run_id: str, artifact_path: str) -> None:
         """Delete an artifact folder of the run (after the writes queued before it)."""
         self._submit(run_id, {"op": "delete_artifacts", "artifact_path": artifact_path})
+
+    def log_inputs(self, run_id: str, datasets: Sequence[DatasetInput]) -> None:
+        """MLflow run inputs (``run.inputs.dataset_inputs``)."""
+        self._submit(run_id, {"op": "log_inputs",
+                              "datasets": [encode_dataset_input(d) for d in datasets]})
+
+    def logged_models(self, run_id: str, state: Mapping[str, Any]) -> None:
+        """The whole state the run's checkpoint logged models should be in
+        (:func:`workbench.tracking.logged_models.sync_logged_models`); a later state replaces
+        an earlier one that has not been delivered yet."""
+        self._submit(run_id, {"op": "logged_models", "state": dict(state)})
 
     def heartbeat(self) -> None:
         """Stamp the run as alive (tag ``workbench.heartbeat``); never journaled or retried.
@@ -353,7 +370,7 @@ class DeliveryClient(MlflowClient):
         if copy_from is not None or text is not None:
             stage_files(journal.files(0), copy_from, text)
         try:
-            apply(self, run_id, record, journal)
+            apply(self.store, run_id, record, journal)
         finally:
             shutil.rmtree(journal.folder, ignore_errors=True)
 
@@ -366,7 +383,11 @@ class DeliveryClient(MlflowClient):
                 if not self.queue or (self.closing and failures):
                     return
                 records = metric_batches(self.queue)
+                superseded = self._superseded(records[0])
             record = merge_metric_batches(records) if len(records) > 1 else records[0]
+            if superseded:  # a later state of the logged models is queued: only it counts
+                self._done(record)
+                continue
             try:
                 self._send(record)
             except Exception as exc:
@@ -402,7 +423,7 @@ class DeliveryClient(MlflowClient):
         """
         if record["op"] == "heartbeat":
             self._done(record)
-        self.verdict = rejection.judge(self, self.target, exc)
+        self.verdict = rejection.judge(self.store, self.target, exc)
         self.last_error = exc
         if self.verdict is Verdict.MISSING_RUN:
             return self._recreate()
@@ -419,7 +440,7 @@ class DeliveryClient(MlflowClient):
     def _recreate(self) -> bool:
         """Re-create the run the store lost, from the journal; False when that failed."""
         try:
-            new = rejection.recreate_run(self, self.uri, self.journal)
+            new = rejection.recreate_run(self.store, self.uri, self.journal)
         except Exception as exc:  # CannotRecreate, or the store failed again: keep, back off
             self.last_error = exc
             if isinstance(exc, CannotRecreate):
@@ -432,6 +453,11 @@ class DeliveryClient(MlflowClient):
               f"journal as run {new} (tag {rejection.RECREATED_TAG}={self.run_id}); "
               "training goes on recording there", file=sys.stderr, flush=True)
         return True
+
+    def _superseded(self, record: Mapping[str, Any]) -> bool:
+        """A logged-models state with a later one queued (call with the condition held)."""
+        return record.get("op") == "logged_models" and any(
+            r is not record and r.get("op") == "logged_models" for r in self.queue)
 
     def _other_waiting(self) -> bool:
         """A write other than a metric batch is queued: a heartbeat, a tag, params, artifacts.
@@ -454,16 +480,16 @@ class DeliveryClient(MlflowClient):
     def _send(self, record: Mapping[str, Any]) -> None:
         if record["op"] == "heartbeat":
             tag = RunTag(HEARTBEAT_TAG, f"{record['time']:.3f}")
-            MlflowClient.log_batch(self, self.target, tags=[tag])
+            self.store.log_batch(self.target, tags=[tag])
             self._revive()
         else:
-            apply(self, self.target, record, self.journal)
+            apply(self.store, self.target, record, self.journal)
 
     def _revive(self) -> None:
         """The run was reaped while this process was alive: RUNNING again, reap marks gone."""
-        if self.ended or not clear_reap(self, self.target):
+        if self.ended or not clear_reap(self.store, self.target):
             return
-        MlflowClient.update_run(self, self.target, status="RUNNING")
+        self.store.update_run(self.target, status="RUNNING")
         print(f"workbench: warning: run {self.target} had been marked KILLED by `workbench runs "
               "reap` (its heartbeats had not reached the store for a while); it is still "
               "training, so it is RUNNING again", file=sys.stderr, flush=True)

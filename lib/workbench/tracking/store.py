@@ -19,12 +19,12 @@ import sqlite3
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from mlflow.entities import Param, RunTag
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from workbench import paths
@@ -309,6 +309,19 @@ def os_user() -> str:
         return f"uid {os.getuid()}"
 
 
+class RunWrites(Protocol):
+    """The writes the recording helpers make to a run: an ``MlflowClient``'s, or a training's
+    :class:`workbench.tracking.outbox.RunWriter` (the same calls, journaled)."""
+
+    def log_batch(self, run_id: str, metrics: Sequence[Metric] = ...,
+                  params: Sequence[Param] = ..., tags: Sequence[RunTag] = ...) -> Any: ...
+
+    def log_text(self, run_id: str, text: str, artifact_file: str) -> Any: ...
+
+    def log_artifacts(self, run_id: str, local_dir: str,
+                      artifact_path: str | None = ...) -> Any: ...
+
+
 def truncate(value: Any, limit: int) -> str:
     """``str(value)`` cut deliberately to MLflow's length limit, marked as truncated."""
     text = str(value)
@@ -317,14 +330,14 @@ def truncate(value: Any, limit: int) -> str:
     return text[: limit - len(TRUNCATION_MARK)] + TRUNCATION_MARK
 
 
-def log_params(client: MlflowClient, run_id: str, params: Mapping[str, Any]) -> None:
+def log_params(client: RunWrites, run_id: str, params: Mapping[str, Any]) -> None:
     """Log params in batches of MLflow's maximum size, values truncated to its limit."""
     items = [Param(k, truncate(v, MAX_PARAM_VALUE_LENGTH)) for k, v in sorted(params.items())]
     for start in range(0, len(items), MAX_PARAMS_PER_BATCH):
         client.log_batch(run_id, params=items[start : start + MAX_PARAMS_PER_BATCH])
 
 
-def set_tags(client: MlflowClient, run_id: str, tags: Mapping[str, Any]) -> None:
+def set_tags(client: RunWrites, run_id: str, tags: Mapping[str, Any]) -> None:
     """Set several tags in one call."""
     items = [RunTag(k, truncate(v, MAX_TAG_VALUE_LENGTH)) for k, v in tags.items()]
     if items:

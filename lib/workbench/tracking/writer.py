@@ -14,8 +14,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from mlflow.entities import Metric
-from mlflow.tracking import MlflowClient
 from stable_baselines3.common.logger import KVWriter
+
+from workbench.tracking.store import RunWrites
 
 # SB3 records train/* inside train(), after the iteration's logs were dumped; they reach the
 # logger one dump late. These keys are re-dated to the iteration they belong to.
@@ -47,7 +48,7 @@ class MlflowWriter(KVWriter):
     keys dated back (:func:`late_prefixes`; none for the off-policy algorithms).
     """
 
-    def __init__(self, client: MlflowClient, run_id: str,
+    def __init__(self, client: RunWrites, run_id: str,
                  late: tuple[str, ...] = LATE_PREFIXES) -> None:
         self.client = client
         self.run_id = run_id

@@ -67,7 +67,7 @@ from workbench.tracking.logged_models import (
     is_better,
     now_ms,
 )
-from workbench.tracking.outbox import DeliveryClient
+from workbench.tracking.outbox import RunWriter
 from workbench.training.callbacks import LocalsFreeCallback, evaluate_version, recall
 from workbench.training.faults import Interruption
 from workbench.training.model import inference_model
@@ -452,7 +452,7 @@ class RecoveryCallback(LocalsFreeCallback):
       checkpoint written after a failure or a stop is not evaluated: the model has moved on
       from its weights.
     - With ``experiment_id``: every written checkpoint becomes a logged model
-      (:class:`workbench.tracking.logged_models.CheckpointModels`, best effort).
+      (:class:`workbench.tracking.logged_models.CheckpointModels`, through the run's writer).
 
     Put it last in the callback list, after callbacks that record into the logger at
     ``on_rollout_start`` and after the one that dumps it at training end.
@@ -460,7 +460,7 @@ class RecoveryCallback(LocalsFreeCallback):
 
     def __init__(
         self,
-        client: DeliveryClient,
+        client: RunWriter,
         run_id: str,
         config_yaml: str,
         train_env: VecEnv,
@@ -500,9 +500,7 @@ class RecoveryCallback(LocalsFreeCallback):
         self.evaluation: CheckpointEvaluation | None = None  # of the boundary being saved
         self.best: CheckpointEvaluation | None = None
         self.models = None if experiment_id is None else CheckpointModels(
-            MlflowClient(tracking_uri=client.tracking_uri), experiment_id,
-            run_id=lambda: getattr(client, "store_run_id", run_id),
-            unreachable=lambda: getattr(client, "outage_since", None) is not None)
+            lambda state: client.logged_models(run_id, state), self.saved_steps)
 
     @property
     def last_saved(self) -> str | None:
@@ -513,14 +511,11 @@ class RecoveryCallback(LocalsFreeCallback):
         if self.every_steps > 0:
             self.next_due = (self.num_timesteps // self.every_steps + 1) * self.every_steps
         self.heartbeat(force=True)
-        if self.saved_steps:  # a resumed run: its stored checkpoints' records
-            if self.models is not None:
-                self.models.adopt(self.saved_steps)
-            if self.keep == CheckpointKeep.best:
-                for found in stored_evaluations(self.client, self.run_id,
-                                                self.saved_steps).values():
-                    if is_better(found.mean, self.best.mean if self.best else None):
-                        self.best = found
+        if self.saved_steps and self.keep == CheckpointKeep.best:  # resumed: its records
+            for found in stored_evaluations(self.client.store, self.run_id,
+                                            self.saved_steps).values():
+                if is_better(found.mean, self.best.mean if self.best else None):
+                    self.best = found
 
     def _on_rollout_start(self) -> None:
         due = self.every_steps > 0 and self.num_timesteps >= self.next_due
@@ -544,8 +539,6 @@ class RecoveryCallback(LocalsFreeCallback):
             self.evaluate()
             self.snapshot = capture(self.model, self.train_env, self.eval_env, self.restorable)
         self.save()
-        if self.models is not None:
-            self.models.close()
 
     def evaluate(self) -> None:
         """The deterministic evaluation of the checkpoint about to be captured and written:
@@ -597,7 +590,7 @@ class RecoveryCallback(LocalsFreeCallback):
         self.record(step, path)
         self.apply_retention()
         if self.models is not None:
-            self.models.sync()
+            self.models.publish()
         return path
 
     def record(self, step: int, path: str) -> None:

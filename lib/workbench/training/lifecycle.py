@@ -39,7 +39,7 @@ from workbench.envs.cores import auto_torch_threads
 from workbench.envs.spec import EnvSpec
 from workbench.tracking import manifest
 from workbench.tracking.inputs import log_run_inputs
-from workbench.tracking.outbox import DeliveryClient
+from workbench.tracking.outbox import RunWriter
 from workbench.tracking.redaction import redact_uri, scrub, scrub_command, scrub_yaml
 from workbench.tracking.rejection import origin_of
 from workbench.tracking.runs import check_experiments_writable
@@ -138,7 +138,7 @@ class TrainingRun:
     """The MLflow run being trained, and what must be released when it ends."""
 
     run: Run
-    client: DeliveryClient  # every write of the run goes through its outbox
+    client: RunWriter  # every write of the run goes through its outbox
     config_yaml: str  # the resolved config, secrets masked, as stored with the run
     interruption: Interruption = field(default_factory=Interruption)
     recovery: RecoveryCallback | None = None
@@ -158,7 +158,7 @@ class TrainingRun:
             self.client, self.run_id, start.run_info(run_info), seed=cfg.seed,
             keep_tags=list(setup.tags), inputs=start.inputs(),
         )
-        log_run_inputs(self.client, store_id(self.client, self.run_id), self.manifest["inputs"],
+        log_run_inputs(self.client, self.run_id, self.manifest["inputs"],
                        start.robot.location if start.robot else None)
         if start.resumed is None:
             params = {**run_params(cfg, setup.derived, setup.torch_threads),
@@ -225,7 +225,7 @@ def open_run(setup: RunSetup, start: Start) -> Iterator[TrainingRun]:
         held.release()  # no run exists: a held signal is raised now
         raise
     run_id = run.info.run_id
-    writer: MlflowClient = store  # until the outbox exists, status writes go to the store
+    writer: MlflowClient | RunWriter = store  # until the outbox exists: straight to the store
     training: TrainingRun | None = None
     monitor = None
     stopping = False
@@ -277,7 +277,7 @@ def open_run(setup: RunSetup, start: Start) -> Iterator[TrainingRun]:
                     # GPU.
                     training.recovery.snapshot = None
             stop_system_metrics(monitor)
-            if isinstance(writer, DeliveryClient):
+            if isinstance(writer, RunWriter):
                 writer.close()  # drains the outbox (workbench/tracking/outbox.py)
         finally:
             held.release(deliver=not stopping)  # already stopping: a second signal adds nothing
@@ -291,13 +291,13 @@ def open_outbox(setup: RunSetup, start: Start, run: Run) -> TrainingRun:
         origin = origin_of(run, setup.experiment_name, resumed_from_step=start.resumed.step)
     else:
         skip_logged, origin = {}, origin_of(run, setup.experiment_name)
-    delivery = DeliveryClient(setup.uri, run.info.run_id, origin=origin, skip_logged=skip_logged)
+    delivery = RunWriter(setup.uri, run.info.run_id, origin=origin, skip_logged=skip_logged)
     return TrainingRun(run, delivery, scrub_yaml(config.to_dict(setup.cfg)))
 
 
-def store_id(writer: MlflowClient, run_id: str) -> str:
+def store_id(writer: MlflowClient | RunWriter, run_id: str) -> str:
     """The run's id in the store (a run the store lost was re-created under a new id)."""
-    return writer.store_run_id if isinstance(writer, DeliveryClient) else run_id
+    return writer.store_run_id if isinstance(writer, RunWriter) else run_id
 
 
 def create_run(setup: RunSetup) -> Run:

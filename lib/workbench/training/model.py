@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from mlflow.tracking import MlflowClient
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
@@ -32,6 +31,7 @@ from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_eval_env
 from workbench.tracking import manifest
 from workbench.tracking.redaction import scrub_yaml
+from workbench.tracking.store import RunWrites
 
 CONFIG_FILE = "config.yaml"
 
@@ -55,7 +55,7 @@ def inference_model(cfg: WorkbenchConfig, env: VecEnv, device: str | None = None
 
 
 def save_model(
-    client: MlflowClient, run_id: str, cfg: WorkbenchConfig, model: BaseAlgorithm,
+    client: RunWrites, run_id: str, cfg: WorkbenchConfig, model: BaseAlgorithm,
     train_env: VecEnv, run_manifest: Mapping[str, Any] | None = None,
 ) -> None:
     """Log ``model/``: weights (model.zip), normalization stats, resolved config, manifest."""

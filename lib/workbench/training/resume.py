@@ -5,7 +5,7 @@ Run identity: **the same MLflow run is reopened** (status back to RUNNING, tags
 ``resume.previous_error``). One run keeps one curve, one row in the run table, and its sweep
 tags. Metric steps continue from the checkpoint's ``num_timesteps``; iterations between the
 checkpoint and the interruption are computed again, and the values the store already holds
-for them are not logged a second time (:class:`workbench.tracking.outbox.DeliveryClient`'s
+for them are not logged a second time (:class:`workbench.tracking.outbox.RunWriter`'s
 ``skip_logged``), so every key's steps stay strictly increasing.
 
 Configuration: a resumed run keeps the configuration it was trained with (the checkpoint's
@@ -320,7 +320,7 @@ def reopen(client: MlflowClient, point: ResumePoint) -> dict[str, int]:
     return logged
 
 
-def discard_incomplete(client: outbox.DeliveryClient, point: ResumePoint) -> None:
+def discard_incomplete(client: outbox.RunWriter, point: ResumePoint) -> None:
     """Remove checkpoint folders the interrupted process left without their state.json."""
     for path in point.incomplete:
         client.delete_artifacts(point.run_id, path)

@@ -26,7 +26,7 @@ from workbench.envs.checks import check_config
 from workbench.envs.robot_files import RobotFiles, robot_files
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_env
-from workbench.tracking.outbox import DeliveryClient
+from workbench.tracking.outbox import RunWriter
 from workbench.tracking.store import resolve_tracking_uri
 from workbench.training.algorithms import replay_buffer_bytes
 from workbench.training.bundle import PulledBundle, init_run_info, initialize_model, pull_for_init
@@ -146,7 +146,7 @@ class Start:
             initialize_model(model, train_env, self.bundle)
 
     def restore(self, model: Any, train_env: VecEnv, eval_env: VecEnv,
-                client: DeliveryClient) -> None:
+                client: RunWriter) -> None:
         """A resumed run's training state, exactly where its checkpoint left it."""
         if self.resumed is not None:
             restore(model, train_env, eval_env, self.resumed.state)

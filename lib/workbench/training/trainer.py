@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlflow.entities import Metric
-from mlflow.tracking import MlflowClient
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.vec_env import VecEnv
@@ -28,6 +27,7 @@ from workbench.envs.vector import make_envs, make_eval_env
 from workbench.envs.video import VideoSettings
 from workbench.tracking.logged_models import BestCheckpoint
 from workbench.tracking.redaction import redact_uri
+from workbench.tracking.store import RunWrites
 from workbench.tracking.writer import MlflowWriter, late_prefixes
 from workbench.training.callbacks import (
     IterationCallback,
@@ -167,7 +167,7 @@ def video_settings(cfg: WorkbenchConfig) -> VideoSettings | None:
 
 
 def build_logger(
-    client: MlflowClient, run_id: str, cfg: WorkbenchConfig, iterations: int
+    client: RunWrites, run_id: str, cfg: WorkbenchConfig, iterations: int
 ) -> Logger:
     """SB3 logger whose writers are MLflow (always) and the console line (optional)."""
     late = late_prefixes(cfg.algo.off_policy)
@@ -222,7 +222,7 @@ def summarize(mean: float, std: float, num_timesteps: int, wall_s: float, peak_r
     }
 
 
-def log_summary(client: MlflowClient, run_id: str, values: Mapping[str, float], step: int) -> None:
+def log_summary(client: RunWrites, run_id: str, values: Mapping[str, float], step: int) -> None:
     """Log the final evaluation and summary figures in one batch."""
     now = int(time.time() * 1000)
     client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in values.items()])
