@@ -319,4 +319,4 @@ def test_an_ambiguous_id_and_different_tasks_are_refused(
     assert capsys.readouterr().err == (
         f"workbench: error: compare run:{hopper} {cheetah}: A trained on hopper, B on "
         "halfcheetah, and returns of different tasks are not comparable; compare the same "
-        "task, or pass --allow-tasks\n")
+        "task, or pass --allow-different-tasks\n")

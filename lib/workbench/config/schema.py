@@ -237,6 +237,21 @@ class CheckpointConfig:
 
 
 @dataclass
+class VerifyConfig:
+    """A verification sweep (``sweep=verify``; docs/reports.md#verifying-a-change): the two
+    configurations of the grid, A first, trained in stages of seeds until B is decided not
+    worse than A by more than the margin, or worse, or every side has ``max_seeds``."""
+
+    # how much worse B may be: a share of A's IQM ("5%") or a return ("50"); None: a plain sweep
+    margin: str | None = None
+    add_seeds: int = ranged(3, 1, example=3)  # seeds each stage adds a side (stage 1: seeds)
+    max_seeds: int = ranged(12, 2, example=12)  # the cap: seeds a side, the first stage's at least
+    target: float | None = None  # a return: also judge B's training seconds to reach it
+    time_margin: str = "5%"  # how much slower than A B may be to reach target
+    allow_different_tasks: bool = False  # A and B may train on different tasks
+
+
+@dataclass
 class SweepConfig:
     """Grid for ``workbench sweep`` (see conf/sweep/)."""
 
@@ -261,6 +276,11 @@ class SweepConfig:
     # x five seeds x four rates is 100 trainings)
     max_points: int = ranged(64, 1, example=64)
     ray: RayConfig = field(default_factory=RayConfig)  # with executor=ray
+    # the Jupyter kernel every point runs in (papermill's kernel_name): another virtualenv
+    # registered as a kernel runs the points in its software stack; as a grid axis
+    # (sweep.grid={sweep.kernel:[workbench,candidate]}) each point runs in its own
+    kernel: str = "workbench"
+    verify: VerifyConfig = field(default_factory=VerifyConfig)  # with sweep=verify
 
 
 @dataclass

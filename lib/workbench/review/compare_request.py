@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from workbench.config import ConfigError, WorkbenchConfig, load_config
+from workbench.config.margin import Margin, parse_margin, parse_percent
 
 RefKind = Literal["run", "config", "point", "any"]
 PREFIXES: dict[str, RefKind] = {"run:": "run", "config:": "config"}
@@ -81,7 +82,8 @@ def target(text: str) -> float:
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    """``workbench compare A B [--sweep ID] [--target R] [--allow-tasks] [--json]``."""
+    """``workbench compare A B [--sweep ID] [--target R] [--margin M [--time-margin P]]
+    [--allow-different-tasks] [--json]``."""
     parser.add_argument("a", metavar="A", help=f"the baseline: {SYNTAX}")
     parser.add_argument("b", metavar="B", help="the change, written as A is")
     parser.add_argument("--sweep", metavar="ID",
@@ -89,7 +91,14 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", type=target, metavar="R",
                         help="a target return: how long each side took to reach it "
                         "(a negative one as --target=-50)")
-    parser.add_argument("--allow-tasks", action="store_true",
+    parser.add_argument("--margin", metavar="M",
+                        help="is B not worse than A by more than M? a share of A's IQM "
+                        "(5%%) or a return (50): not worse, worse, or undecided with the "
+                        "seeds it would take")
+    parser.add_argument("--time-margin", metavar="P",
+                        help="with --margin and --target: is B no slower to reach the target "
+                        "than A by more than P (default 5%%)?")
+    parser.add_argument("--allow-different-tasks", action="store_true",
                         help="compare runs of different tasks (their returns as they are)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
@@ -103,8 +112,30 @@ def check_arguments(args: argparse.Namespace) -> tuple[Ref, Ref, WorkbenchConfig
     if args.sweep is not None and not args.sweep.strip():
         raise ConfigError("compare --sweep: empty; give a sweep id (workbench report names "
                           "the latest)")
+    margins(args)
     a, b = parse_sides("compare", args.a, args.b, args.sweep)
     return a, b, load_config(args.overrides)
+
+
+DEFAULT_TIME_MARGIN = "5%"
+
+
+def margins(args: argparse.Namespace) -> tuple[Margin | None, float | None]:
+    """``--margin`` and, with ``--target``, the time margin (a fraction; ``--time-margin``,
+    5 % by default): (None, None) without ``--margin``. A margin at or below 0, a percentage
+    at or above 100 %, or ``--time-margin`` without ``--margin`` and ``--target`` is a
+    :class:`ConfigError`."""
+    if args.time_margin is not None and (args.margin is None or args.target is None):
+        raise ConfigError(f"compare --time-margin {args.time_margin}: it judges the time to "
+                          "--target next to --margin's verdict; give both, e.g. --margin 5% "
+                          "--target 3000")
+    if args.margin is None:
+        return None, None
+    margin = parse_margin(args.margin, "compare --margin")
+    if args.target is None:
+        return margin, None
+    return margin, parse_percent(args.time_margin or DEFAULT_TIME_MARGIN,
+                                 "compare --time-margin")
 
 
 def parse_sides(command: str, a_text: str, b_text: str, sweep: str | None

@@ -17,8 +17,8 @@ import argparse
 import json
 import math
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from workbench.config import (
@@ -28,9 +28,10 @@ from workbench.config import (
     interpolation_sources,
     load_config,
 )
+from workbench.config.margin import Margin
 from workbench.console import printable_lines
-from workbench.review import verdict
-from workbench.review.compare_request import SYNTAX, Ref, check_arguments, parse_ref
+from workbench.review import noninferiority, verdict
+from workbench.review.compare_request import SYNTAX, Ref, check_arguments, margins, parse_ref
 from workbench.review.records import RunRecord, Section, load_run, open_store, runs_text
 from workbench.review.selection import (
     SWEEP_ID,
@@ -42,7 +43,7 @@ from workbench.review.selection import (
     search_all,
     tag_filter,
 )
-from workbench.review.statistics import Interval, PointTarget, point_target
+from workbench.review.statistics import Interval, PointTarget, point_target, time_to_target
 from workbench.tracking.manifest_diff import (
     Difference,
     diff_cell,
@@ -96,6 +97,9 @@ class Comparison:
     measures: list[verdict.Measure]  # the first is the final return
     targets: tuple[PointTarget, PointTarget] | None  # time to --target per side
     tasks: tuple[str, str]
+    # with --margin: not worse, worse or undecided, for the final return, then the time to
+    # --target (workbench.review.noninferiority)
+    judgements: list[noninferiority.Judgement] = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
@@ -181,9 +185,10 @@ def task(run: Run) -> str:
 
 
 def check_sides(a: Ref, b: Ref, runs_a: Sequence[Run], runs_b: Sequence[Run],
-                allow_tasks: bool) -> tuple[str, str]:
+                allow_different_tasks: bool) -> tuple[str, str]:
     """The two sides' tasks, after the checks that need the runs: the same runs on both
-    sides, and different tasks without ``allow_tasks``, are :class:`ConfigError`."""
+    sides, and different tasks without ``allow_different_tasks``, are
+    :class:`ConfigError`."""
     ids_a, ids_b = ({r.info.run_id for r in runs} for runs in (runs_a, runs_b))
     if ids_a == ids_b:
         raise ConfigError(f"compare {a.text} {b.text}: both name the same "
@@ -191,10 +196,10 @@ def check_sides(a: Ref, b: Ref, runs_a: Sequence[Run], runs_b: Sequence[Run],
                           "configs or sweep points")
     tasks_a = sorted({task(r) for r in runs_a})
     tasks_b = sorted({task(r) for r in runs_b})
-    if tasks_a != tasks_b and not allow_tasks:
+    if tasks_a != tasks_b and not allow_different_tasks:
         raise ConfigError(f"compare {a.text} {b.text}: A trained on {', '.join(tasks_a)}, B on "
                           f"{', '.join(tasks_b)}, and returns of different tasks are not "
-                          "comparable; compare the same task, or pass --allow-tasks")
+                          "comparable; compare the same task, or pass --allow-different-tasks")
     return ", ".join(tasks_a), ", ".join(tasks_b)
 
 
@@ -202,11 +207,20 @@ def check_sides(a: Ref, b: Ref, runs_a: Sequence[Run], runs_b: Sequence[Run],
 
 
 def compare(client: MlflowClient, a: Ref, b: Ref, *, store: str, target: float | None = None,
-            allow_tasks: bool = False) -> Comparison:
-    """Find, check and load both sides, and compare them. Writes nothing."""
+            allow_different_tasks: bool = False, margin: Margin | None = None,
+            time_margin: float | None = None, level: float = noninferiority.ALPHA,
+            seeds: Collection[int] | None = None) -> Comparison:
+    """Find, check and load both sides, and compare them. Writes nothing.
+
+    With ``margin``, also whether B is not worse than A by more than it, at one-sided
+    ``level`` (a verification's stage spends less than the single look's 0.025), and with
+    ``target`` and ``time_margin`` whether B reaches the target no slower. ``seeds``: only
+    the FINISHED runs of these seeds count (a verification's stage)."""
     store = redact_uri(store)  # quoted in messages
     (kind_a, runs_a), (kind_b, runs_b) = find_runs(client, a, store), find_runs(client, b, store)
-    tasks = check_sides(a, b, runs_a, runs_b, allow_tasks)
+    if seeds is not None:
+        runs_a, runs_b = (of_seeds(runs, seeds) for runs in (runs_a, runs_b))
+    tasks = check_sides(a, b, runs_a, runs_b, allow_different_tasks)
     side_a = Side(a, kind_a, [load_run(client, r) for r in runs_a])
     side_b = Side(b, kind_b, [load_run(client, r) for r in runs_b])
     first_a, first_b = side_a.representative, side_b.representative
@@ -220,8 +234,33 @@ def compare(client: MlflowClient, a: Ref, b: Ref, *, store: str, target: float |
     changed = verdict.mark_derived(verdict.changed_config(first_a.params, first_b.params),
                                    {**DERIVED_FROM, **composed_sources(first_a),
                                     **composed_sources(first_b)})
-    return Comparison(side_a, side_b, changed, environment,
-                      verdict.measures(side_a.runs, side_b.runs), targets, tasks)
+    found = verdict.measures(side_a.runs, side_b.runs)
+    judgements = []
+    if margin is not None:
+        judgements.append(noninferiority.judge_return(found[0].a, found[0].b, margin, level))
+        if target is not None and time_margin is not None:
+            judgements.append(judge_time_to(side_a.runs, side_b.runs, found[0], target,
+                                            time_margin, level))
+    return Comparison(side_a, side_b, changed, environment, found, targets, tasks, judgements)
+
+
+def of_seeds(runs: Sequence[Run], seeds: Collection[int]) -> list[Run]:
+    """The FINISHED runs among ``runs`` whose ``seed`` tag is one of ``seeds``."""
+    wanted = {str(s) for s in seeds}
+    return [r for r in runs if r.info.status == "FINISHED" and r.data.tags.get("seed") in wanted]
+
+
+def judge_time_to(a: Sequence[RunRecord], b: Sequence[RunRecord], final: verdict.Measure,
+                  target: float, time_margin: float, level: float) -> noninferiority.Judgement:
+    """Whether B reaches ``target`` no slower than A by more than ``time_margin``: each seed's
+    training seconds to it (reruns averaged), over the seeds with a final return."""
+    def seconds(run: verdict.RunLike) -> float:
+        hit = time_to_target(run.metrics, target)
+        return hit.seconds if hit is not None else math.nan
+
+    return noninferiority.judge_time(verdict.seed_scores(a, seconds),
+                                     verdict.seed_scores(b, seconds), time_margin, target,
+                                     (len(final.a), len(final.b)), level)
 
 
 def composed_sources(run: RunRecord) -> dict[str, tuple[str, ...]]:
@@ -238,7 +277,8 @@ def composed_sources(run: RunRecord) -> dict[str, tuple[str, ...]]:
 
 
 def open_comparison(a: str, b: str, *, sweep_id: str = "", target: float | None = None,
-                    allow_tasks: bool = False, overrides: Sequence[str] = ()) -> Comparison:
+                    allow_different_tasks: bool = False, overrides: Sequence[str] = ()
+                    ) -> Comparison:
     """The comparison of two sides written as on the command line, against the configured
     store (``overrides`` locate it; ``MLFLOW_TRACKING_URI`` wins): the notebook's entry.
     Errors name the notebook's parameters (``compare_a``, ``compare_b``)."""
@@ -246,7 +286,7 @@ def open_comparison(a: str, b: str, *, sweep_id: str = "", target: float | None 
     ref_b = parse_ref("compare_b", b, sweep_id or None)
     uri = resolve_tracking_uri(load_config(overrides).tracking.uri)
     return compare(open_store(uri), ref_a, ref_b, store=uri, target=target,
-                   allow_tasks=allow_tasks)
+                   allow_different_tasks=allow_different_tasks)
 
 
 # --------------------------------------------------------------------------- rendering
@@ -274,11 +314,15 @@ def render_text(comparison: Comparison) -> str:
                      "returns compared as they are, not normalized")
     lines += ["", f"Whether it mattered ({MEASURES})", *columns(measure_rows(comparison)),
               "", comparison.verdict]
+    if comparison.judgements:
+        lines += ["", f"Not worse? ({NONINFERIORITY})", *(j.line() for j in comparison.judgements)]
     return "\n".join(lines) + "\n"
 
 
 MEASURES = ("per side: IQM [95 % interval] over seeds; P(B > A): the probability of "
             "improvement with its interval")
+NONINFERIORITY = ("the final return's IQM against the margin, Yuen's trimmed t; "
+                  "docs/reports.md#verifying-a-change")
 
 
 def measure_rows(comparison: Comparison) -> list[list[str]]:
@@ -314,6 +358,7 @@ def comparison_section(comparison: Comparison, shown: int = 8) -> Section:
     if comparison.tasks[0] != comparison.tasks[1]:
         what += (f" Different tasks ({comparison.tasks[0]} vs {comparison.tasks[1]}): returns "
                  "compared as they are, not normalized.")
+    what += "".join(f" {j.line()}." for j in comparison.judgements)
     header, *rows = measure_rows(comparison)
     return Section(
         title=f"Compare A vs B: {comparison.verdict}",
@@ -357,8 +402,19 @@ def render_json(comparison: Comparison) -> str:
            "tasks": list(comparison.tasks), "config": differences_json(comparison.config),
            "environment": None if comparison.environment is None
            else differences_json(comparison.environment),
-           "measures": measures, "time_to_target": targets, "verdict": comparison.verdict}
+           "measures": measures, "time_to_target": targets, "verdict": comparison.verdict,
+           "noninferiority": [judgement_json(j) for j in comparison.judgements]}
     return json.dumps(out, indent=2, default=str) + "\n"
+
+
+def judgement_json(judgement: noninferiority.Judgement) -> dict[str, Any]:
+    """A non-inferiority verdict as JSON (NaN as null)."""
+    return {"measure": judgement.measure, "verdict": judgement.verdict,
+            "margin": judgement.margin.written(), "level": judgement.level,
+            "seeds": list(judgement.seeds), "estimate": finite(judgement.estimate),
+            "low": finite(judgement.low), "high": finite(judgement.high),
+            "more_seeds": judgement.more_seeds, "target": judgement.target,
+            "line": judgement.line()}
 
 
 def differences_json(diffs: Sequence[Difference]) -> list[dict[str, Any]]:
@@ -370,9 +426,11 @@ def differences_json(diffs: Sequence[Difference]) -> list[dict[str, Any]]:
 def run_command(args: argparse.Namespace) -> int:
     """``workbench compare A B``: print the comparison (text, or JSON with ``--json``)."""
     a, b, cfg = check_arguments(args)
+    margin, time_margin = margins(args)
     uri = resolve_tracking_uri(cfg.tracking.uri)
     comparison = compare(open_store(uri), a, b, store=uri, target=args.target,
-                         allow_tasks=args.allow_tasks)
+                         allow_different_tasks=args.allow_different_tasks, margin=margin,
+                         time_margin=time_margin)
     text = render_json(comparison) if args.json else render_text(comparison)
     print(printable_lines(text), end="")
     return 0

@@ -106,5 +106,5 @@ def open_report(
         report.title = f"Report: study {study}"
     if compared is not None:
         report.sections.append(comparison_section(compare(client, *compared, store=uri,
-                                                          allow_tasks=True)))
+                                                          allow_different_tasks=True)))
     return report

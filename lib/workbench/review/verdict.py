@@ -38,8 +38,9 @@ from workbench.review.statistics import (
 from workbench.tracking.manifest_diff import Difference, diff_configs
 
 MIN_SEEDS = 2  # per side, for P(B > A): with one seed it only restates two runs' order
-# Params that differ between the seeds of one configuration: never "what changed".
-SEED_KEYS = ("seed", "derived.env_seeds")
+# Params that differ between the seeds of one configuration (a grid point's run name ends
+# with its seed): never "what changed".
+SEED_KEYS = ("seed", "derived.env_seeds", "tracking.run_name")
 
 
 class RunLike(Protocol):
