@@ -30,18 +30,43 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 
 
+REFERENCE_DIR = ROOT / "benchmarks" / "reference"  # committed: the figures the docs show
+
+
 def results_dir() -> Path:
-    """``benchmarks/results`` (git-ignored), or ``WORKBENCH_BENCH_RESULTS``."""
+    """Where a run's results go: ``benchmarks/reference`` (committed, rendered into the docs
+    by ``scripts/render_docs.py``) with ``WORKBENCH_BENCH_REFERENCE=1``, else
+    ``benchmarks/results`` (git-ignored), or ``WORKBENCH_BENCH_RESULTS``."""
+    if os.environ.get("WORKBENCH_BENCH_REFERENCE") == "1":
+        return REFERENCE_DIR
     return Path(os.environ.get("WORKBENCH_BENCH_RESULTS") or ROOT / "benchmarks" / "results")
 
 
 def write_results(name: str, data: dict[str, Any]) -> Path:
-    """Write ``<results>/<name>.json`` with the machine description added; returns the path."""
+    """Write ``<results>/<name>.json`` with the machine, the command, the commit and the date
+    added; returns the path."""
     folder = results_dir()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.json"
-    path.write_text(json.dumps({"machine": machine(), **data}, indent=2, default=str))
+    path.write_text(json.dumps({**provenance(), "machine": machine(), **data}, indent=2,
+                               default=str) + "\n")
     return path
+
+
+def provenance() -> dict[str, Any]:
+    """The command that measured (as typed from the repository root), the commit it ran
+    (``+dirty`` with uncommitted changes) and the date."""
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short=12", "HEAD")
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    script = Path(sys.argv[0]).resolve()
+    shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
+    return {"command": " ".join([".venv/bin/python", str(shown), *sys.argv[1:]]),
+            "commit": commit + ("+dirty" if dirty else ""),
+            "date": time.strftime("%Y-%m-%d", time.gmtime())}
 
 
 def machine() -> dict[str, Any]:

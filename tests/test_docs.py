@@ -162,3 +162,17 @@ def test_the_torch_version_is_written_once_in_the_docs() -> None:
     repeated = [p.relative_to(ROOT).as_posix() for p in PAGES[1:]
                 if pin.group(1) in p.read_text()]
     assert repeated == []
+
+
+def test_generated_blocks_match_their_sources(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every table of figures is its committed results file, the module map and the package
+    docstrings' lists every module (scripts/render_docs.py rewrites them)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("render_docs",
+                                                  ROOT / "scripts" / "render_docs.py")
+    assert spec and spec.loader
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--check"]) == 0, capsys.readouterr().err
+    assert "<!-- generated: modules -->" in (DOCS / "architecture.md").read_text()
