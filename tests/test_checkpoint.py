@@ -230,16 +230,19 @@ def test_models_load_without_unpickling_unless_allowed(
     assert marker.exists()
 
 
+CUSTOM_ROBOT = "env.id=tests.custom_robot:Custom/Cheetah-v0"
+
+
 @pytest.mark.slow
 def test_resume_with_unrestorable_state_starts_fresh_episodes(store: Path) -> None:
     overrides = [*TINY, "total_timesteps=768",
                  "console.iteration_lines=false", "tracking.system_metrics=false",
-                 "checkpoint.every_steps=256", "env.id=tests.custom_robot:Custom/Cheetah-v0"]
+                 "checkpoint.every_steps=256", CUSTOM_ROBOT]  # a subclass: state unknown
     with pytest.raises(TrainingInterrupted):
         train(load_config(overrides), callbacks=[SignalAt(420)])
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     (killed,) = client.search_runs([client.get_experiment_by_name("workbench").experiment_id])
-    resumed = train(load_config([f"resume={killed.info.run_id}"]))
+    resumed = train(load_config([f"resume={killed.info.run_id}", CUSTOM_ROBOT]))  # trusted
     run = client.get_run(resumed.run_id)
     assert run.info.status == "FINISHED"
     assert run.data.tags["resume.exact"] == "false"

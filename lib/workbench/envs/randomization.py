@@ -14,6 +14,13 @@ Outermost first: observation noise, action noise, action delay, physics randomiz
 Every wrapper draws from its own generator, seeded from the seed given to ``reset`` (SB3
 seeds env rank r with ``seed + r``): the task's own random stream (initial states) is left
 exactly as it would be without the wrapper, and runs stay reproducible.
+
+Every wrapper keeps its per-episode state (generators, the delayed actions, the sampled
+physics) through the protocol ``workbench_state() / workbench_restore(state)`` of
+:mod:`workbench.envs.simstate`, so a checkpoint of a randomized run resumes exactly. The two
+that change actions tell what they will pass on without changing anything
+(``workbench_preview_action``), which ``env.vec_env=batched`` (:mod:`workbench.envs.batched`)
+uses to step the physics of all copies ahead, in threads.
 """
 
 from __future__ import annotations
@@ -42,6 +49,18 @@ PHYSICS_STREAM = 303
 def stream(seed: int, salt: int) -> np.random.Generator:
     """A generator for one wrapper, derived from the episode seed and the wrapper's salt."""
     return np.random.default_rng([salt, seed])
+
+
+def generator_state(rng: np.random.Generator) -> dict[str, Any]:
+    """The bit generator state of ``rng`` (plain values), for a checkpoint."""
+    return dict(rng.bit_generator.state)
+
+
+def restored_generator(state: dict[str, Any]) -> np.random.Generator:
+    """A generator continuing exactly where the one :func:`generator_state` saw stopped."""
+    rng = np.random.default_rng()
+    rng.bit_generator.state = state
+    return rng
 
 
 # --------------------------------------------------------------------------- settings
@@ -132,6 +151,9 @@ class ObservationNoise(gymnasium.ObservationWrapper, RecordConstructorArgs):
                             f"{env.observation_space}")
         self.std = float(std)
         self.rng = np.random.default_rng()
+        # Read once: every step pays for it (the wrapper chain's properties, a clip to +-inf).
+        self.space = env.observation_space
+        self.bounded = bool(np.isfinite(self.space.low).any() or np.isfinite(self.space.high).any())
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
         if seed is not None:
@@ -139,10 +161,17 @@ class ObservationNoise(gymnasium.ObservationWrapper, RecordConstructorArgs):
         return super().reset(seed=seed, options=options)
 
     def observation(self, observation: NDArray[Any]) -> NDArray[Any]:
-        space = self.observation_space
-        assert isinstance(space, spaces.Box)
         noisy = observation + self.rng.normal(0.0, self.std, size=np.shape(observation))
-        return np.clip(noisy, space.low, space.high).astype(space.dtype)
+        if self.bounded:
+            noisy = np.clip(noisy, self.space.low, self.space.high)
+        return noisy.astype(self.space.dtype, copy=False)
+
+    def workbench_state(self) -> dict[str, Any]:
+        """The noise generator (:mod:`workbench.envs.simstate`'s protocol)."""
+        return {"rng": generator_state(self.rng)}
+
+    def workbench_restore(self, state: dict[str, Any]) -> None:
+        self.rng = restored_generator(state["rng"])
 
 
 class ActionNoise(gymnasium.ActionWrapper, RecordConstructorArgs):
@@ -155,19 +184,40 @@ class ActionNoise(gymnasium.ActionWrapper, RecordConstructorArgs):
         if not isinstance(env.action_space, spaces.Box):
             raise TypeError(f"ActionNoise needs a Box action space, got {env.action_space}")
         self.std = float(std)
-        self.scale = self.std * (env.action_space.high - env.action_space.low) / 2.0
+        self.space = env.action_space  # read once: every step clips into it
+        self.scale = self.std * (self.space.high - self.space.low) / 2.0
         self.rng = np.random.default_rng()
+        self.noise: NDArray[np.float64] | None = None  # the next step's noise, once drawn
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
         if seed is not None:
             self.rng = stream(seed, ACTION_NOISE_STREAM)
+            self.noise = None
         return super().reset(seed=seed, options=options)
 
     def action(self, action: NDArray[Any]) -> NDArray[Any]:
-        space = self.action_space
-        assert isinstance(space, spaces.Box)
-        noisy = np.asarray(action) + self.rng.normal(0.0, 1.0, size=space.shape) * self.scale
+        noisy = self.workbench_preview_action(action)
+        self.noise = None  # used: the next step draws its own
+        return noisy
+
+    def workbench_preview_action(self, action: NDArray[Any]) -> NDArray[Any]:
+        """What :meth:`action` returns for ``action`` at the next step, changing nothing it
+        would not: the step's noise is drawn once, here or there, so the stream is the same."""
+        space = self.space
+        if self.noise is None:
+            self.noise = self.rng.normal(0.0, 1.0, size=space.shape) * self.scale
+        noisy = np.asarray(action) + self.noise
         return np.clip(noisy, space.low, space.high).astype(space.dtype)
+
+    def workbench_state(self) -> dict[str, Any]:
+        """The noise generator and a drawn, unused noise (:mod:`workbench.envs.simstate`)."""
+        return {"rng": generator_state(self.rng),
+                "noise": None if self.noise is None else self.noise.copy()}
+
+    def workbench_restore(self, state: dict[str, Any]) -> None:
+        self.rng = restored_generator(state["rng"])
+        noise = state["noise"]
+        self.noise = None if noise is None else np.array(noise, dtype=np.float64)
 
 
 class ActionDelay(gymnasium.Wrapper, RecordConstructorArgs):
@@ -194,6 +244,17 @@ class ActionDelay(gymnasium.Wrapper, RecordConstructorArgs):
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         self.pending.append(np.array(action, copy=True))
         return self.env.step(self.pending.popleft())
+
+    def workbench_preview_action(self, action: Any) -> Any:
+        """The action the task receives at the next step (the oldest pending one)."""
+        return self.pending[0] if self.pending else action
+
+    def workbench_state(self) -> dict[str, Any]:
+        """The actions on their way (:mod:`workbench.envs.simstate`'s protocol)."""
+        return {"pending": [a.copy() for a in self.pending]}
+
+    def workbench_restore(self, state: dict[str, Any]) -> None:
+        self.pending = deque(np.array(a, copy=True) for a in state["pending"])
 
 
 @dataclass(frozen=True)
@@ -261,6 +322,16 @@ class PhysicsRandomization(gymnasium.Wrapper, RecordConstructorArgs):
         return observation, reward, terminated, truncated, {
             **info, "randomization": dict(self.sampled)
         }
+
+    def workbench_state(self) -> dict[str, Any]:
+        """The generator and this episode's scales (:mod:`workbench.envs.simstate`)."""
+        return {"rng": generator_state(self.rng), "sampled": dict(self.sampled)}
+
+    def workbench_restore(self, state: dict[str, Any]) -> None:
+        """The episode's scales written into the model again, the generator continued."""
+        self.rng = restored_generator(state["rng"])
+        self.sampled = {key: float(value) for key, value in state["sampled"].items()}
+        self.apply(self.sampled)
 
     def apply(self, scales: dict[str, float]) -> None:
         """Write nominal values times ``scales`` into the model (missing keys: nominal)."""

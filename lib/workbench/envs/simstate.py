@@ -14,11 +14,11 @@ on several tasks.
 
 Only what is known is claimed exact: gymnasium's own MuJoCo tasks behind the standard
 wrappers (time limit, order and API checks, SB3's ``Monitor``). Any other env or wrapper
-(a custom robot, domain randomization, a reward-shaping wrapper) may keep per-episode state
-of its own; it makes the copy restorable by implementing the protocol
-``workbench_state() -> dict`` / ``workbench_restore(state)`` (plain values and numpy arrays).
-Otherwise the copy is reported as not restorable and a resume starts fresh episodes for it
-(see ``checkpoint``).
+(a custom robot, a reward-shaping wrapper) may keep per-episode state of its own; it makes
+the copy restorable by implementing the protocol ``workbench_state() -> dict`` /
+``workbench_restore(state)`` (plain values and numpy arrays), as the mini duck and the
+domain randomization wrappers do. Otherwise the copy is reported as not restorable and a
+resume starts fresh episodes for it (see ``checkpoint``).
 """
 
 from __future__ import annotations

@@ -160,7 +160,7 @@ class MiniDuckEnv(MujocoEnv):
     ) -> tuple[NDArray[np.float64], float, bool, bool, dict[str, Any]]:
         action = np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
         x_before = float(self.data.qpos[0])
-        self.do_simulation(self.servo_targets(action), self.frame_skip)
+        self.do_simulation(self.workbench_control(action), self.frame_skip)
         x_after = float(self.data.qpos[0])
 
         upright = self.upright()
@@ -208,6 +208,20 @@ class MiniDuckEnv(MujocoEnv):
     def servo_targets(self, action: NDArray[np.float64]) -> NDArray[np.float64]:
         """Servo position targets (rad): normalized actions mapped onto the joint ranges."""
         return self.ctrl_center + self.ctrl_half_range * action
+
+    def workbench_control(self, action: NDArray[Any]) -> NDArray[np.float64]:
+        """The controls :meth:`step` gives MuJoCo for ``action``: clipped to [-1, 1], then
+        servo targets. ``env.vec_env=batched`` (:mod:`workbench.envs.batched`) steps the
+        physics of every copy ahead with it."""
+        return self.servo_targets(np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0))
+
+    def workbench_state(self) -> dict[str, Any]:
+        """The previous action, the one state of the task outside MuJoCo's (for a resumed
+        run: :mod:`workbench.envs.simstate`'s protocol)."""
+        return {"previous_action": self.previous_action.copy()}
+
+    def workbench_restore(self, state: dict[str, Any]) -> None:
+        self.previous_action = np.array(state["previous_action"], dtype=np.float64)
 
     def upright(self) -> float:
         """World-z component of the torso's z axis (1 level, 0 lying on its side)."""
