@@ -1,4 +1,4 @@
-"""Vectorization backends: dummy, subproc and envpool step, reset, seed and train alike.
+"""Vectorization backends: dummy, subproc, envpool and batched step, reset, seed and train alike.
 
 Real MuJoCo physics throughout; EnvPool is the optional extra ``fast`` (``make setup``
 installs it on Linux x86_64); without it the envpool cases are skipped with the install hint
@@ -27,7 +27,7 @@ from .conftest import TINY
 needs_envpool = pytest.mark.skipif(
     not envpool_vec.is_installed(), reason=f"envpool not installed: {envpool_vec.INSTALL_HINT}"
 )
-BACKENDS = ["dummy", "subproc", pytest.param("envpool", marks=needs_envpool)]
+BACKENDS = ["dummy", "subproc", pytest.param("envpool", marks=needs_envpool), "batched"]
 
 
 def rollout(venv, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:

@@ -139,6 +139,11 @@ RESUME_CASES = [
     pytest.param([], id="dummy"),
     pytest.param(["env.vec_env=subproc", "env.normalize=true"], id="subproc-vecnormalize",
                  marks=pytest.mark.slow),
+    # every randomization factor's state (generators, delayed actions, physics scales) too
+    pytest.param(["env.vec_env=batched", "env.randomization.obs_noise_std=0.01",
+                  "env.randomization.action_noise_std=0.05", "env.randomization.action_delay=1",
+                  "env.randomization.friction=[0.8,1.2]", "env.randomization.mass_scale=[0.9,1.1]"],
+                 id="batched-randomized"),
 ]
 
 

@@ -21,6 +21,7 @@ CONFIG_ID_TAG = "workbench.config_id"
 # determinism switches), checkpoints and resuming, and the sweep's and tuner's own settings.
 IGNORED = (
     "seed", "resume", "experiment_name", "device", "torch_threads", "env.vec_env",
+    "env.num_threads",
     "tracking", "console", "video", "checkpoint", "repro", "sweep", "search", "tune",
 )
 

@@ -35,7 +35,11 @@ class VecEnvBackend(StrEnum):
     dummy = "dummy"  # one after the other in the learner's process
     subproc = "subproc"  # one process per env copy
     envpool = "envpool"  # EnvPool's C++ threads (extra ``fast``)
-    auto = "auto"  # envpool where it runs the task, else dummy (envs/calibration.py)
+    # one process; every MuJoCo copy's physics stepped in native threads (envs/batched.py)
+    batched = "batched"
+    # envpool where it runs the task, else batched for MuJoCo tasks, else dummy
+    # (envs/calibration.py)
+    auto = "auto"
 
 
 class Device(StrEnum):
@@ -128,6 +132,9 @@ class EnvConfig:
     # parallel environment copies; per-env seed = seed + rank
     num_envs: int = ranged(16, 1, example=16)
     vec_env: VecEnvBackend = VecEnvBackend.auto  # the choice is logged as derived.vec_env
+    # threads stepping the copies with vec_env=batched or envpool (auto too); None: one per
+    # core of the run's budget (WORKBENCH_CPU_BUDGET or the physical cores), at most num_envs
+    num_threads: int | None = ranged(None, 1, example=2)
     normalize: bool = True  # wrap in SB3's VecNormalize (running obs/return statistics)
     norm_obs: bool = True  # with normalize: normalize observations
     norm_reward: bool = True  # with normalize: scale rewards by the return's running std

@@ -11,6 +11,10 @@ and the backend changes the numbers (EnvPool's reset noise differs from gymnasiu
   Each batched step pays a fixed ~100-150 us hand-off to its threads, so with fewer envs
   ``dummy`` steps faster (measured per task and env count:
   docs/benchmarks.md#envvec_envauto-below-8-envs);
+- ``batched`` otherwise, for gymnasium MuJoCo tasks (the duck, any task under
+  ``env.randomization``) with at least :data:`BATCHED_MIN_ENVS` envs and two threads to step
+  them on (:mod:`workbench.envs.batched`). Its numbers are bit-identical to ``dummy``'s, so
+  this choice changes only the speed;
 - ``dummy`` otherwise: one process, the easiest to debug. ``subproc`` (one process per env,
   pipes in between) is never chosen by ``auto``: it pays only for expensive steps on spare
   cores, which a user pins with ``env.vec_env=subproc`` after measuring.
@@ -33,20 +37,23 @@ import numpy as np
 
 from workbench import console
 from workbench.config import ConfigError, load_config
-from workbench.envs import envpool_vec
+from workbench.envs import batched, envpool_vec
 from workbench.envs.backends import build_backend
 from workbench.envs.cores import cpu_budget
 from workbench.envs.spec import EnvSpec
 
 SAMPLE_SECONDS = 0.3  # stepping time per measured backend (after a short warm-up)
 ENVPOOL_MIN_ENVS = 8  # fewer envs: dummy steps faster (EnvPool's per-step thread hand-off)
+# fewer envs: dummy steps as fast (the threads' per-step hand-off, as EnvPool's; the
+# copies' Python stays on one thread): docs/benchmarks.md#batched-physics-with-randomization
+BATCHED_MIN_ENVS = 8
 
 
 @dataclass(frozen=True)
 class VecEnvChoice:
     """The vectorization a run uses and why."""
 
-    name: str  # dummy | subproc | envpool
+    name: str  # dummy | subproc | envpool | batched
     reason: str  # one line, for the header
 
     def params(self) -> dict[str, Any]:
@@ -64,7 +71,21 @@ def choose_vec_env(spec: EnvSpec) -> VecEnvChoice:
                    "thread hand-off costs more than it saves")
     if why_not is None:
         return VecEnvChoice("envpool", f"auto: EnvPool runs {spec.env_id}")
-    return VecEnvChoice("dummy", f"auto: dummy ({why_not})")
+    no_batch = batched_reason(spec)
+    if no_batch is None:
+        return VecEnvChoice("batched", f"auto: batched, {spec.threads(cpu_budget())} physics "
+                            f"threads; not EnvPool: {why_not}")
+    return VecEnvChoice("dummy", f"auto: dummy ({why_not}; {no_batch})")
+
+
+def batched_reason(spec: EnvSpec) -> str | None:
+    """Why ``auto`` does not choose ``batched`` for ``spec``, or None when it does."""
+    why_not = batched.unsupported_reason(spec.env_id)
+    if why_not is None and spec.num_envs < BATCHED_MIN_ENVS:
+        why_not = f"batched needs {BATCHED_MIN_ENVS} envs or more"
+    if why_not is None and spec.threads(cpu_budget()) < 2:
+        why_not = "batched needs 2 threads or more"
+    return why_not
 
 
 def resolve_spec(spec: EnvSpec) -> EnvSpec:
@@ -79,6 +100,8 @@ def candidates(spec: EnvSpec) -> list[str]:
         names.append("envpool")
     if spec.num_envs >= 2:
         names.append("subproc")
+        if batched.unsupported_reason(spec.env_id) is None:
+            names.append("batched")
     return names
 
 

@@ -2,9 +2,9 @@
 
 Run before any environment is built or any run exists: the env id is registered (with "did
 you mean" suggestions), the env class accepts ``env.kwargs``, randomization applies to the
-task, and EnvPool supports the settings when it was chosen. An env id from data (a pulled
-bundle) is resolved against the registry without importing anything
-(:func:`check_data_env_id`).
+task, EnvPool or the batched backend supports the settings when chosen, the thread count
+fits the machine's cores and the copies its memory. An env id from data (a pulled bundle)
+is resolved against the registry without importing anything (:func:`check_data_env_id`).
 """
 
 from __future__ import annotations
@@ -15,13 +15,23 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium
+import psutil
 
-from workbench.config import ConfigError, WorkbenchConfig
+from workbench.config import ConfigError, EnvConfig, WorkbenchConfig
 from workbench.envs import (
+    batched,
     randomization,
-    robots,  # noqa: F401  (registers the workbench's own ids)
+    robots,  # registers the workbench's own ids
 )
+from workbench.envs.cores import physical_cores
 from workbench.envs.envpool_vec import check_support
+
+# No MuJoCo task's copy needs more (its model, two MjData, the env's Python objects): below
+# num_envs * this, the copies fit and none is built to measure them.
+MAX_COPY_BYTES = 64 * 2**20
+# A copy's Python objects (env, wrappers) and the pages of MuJoCo's arena a step touches: one
+# copy's resident memory was 1.25-1.64 MiB with its model (the duck, HalfCheetah, Ant, Humanoid).
+COPY_OVERHEAD_BYTES = 2**20
 
 
 def check_config(cfg: WorkbenchConfig) -> None:
@@ -32,6 +42,43 @@ def check_config(cfg: WorkbenchConfig) -> None:
     randomization.check_settings("eval.randomization", cfg.eval.randomization, cfg.env.id)
     if cfg.env.vec_env == "envpool":
         check_support(cfg.env.id, cfg.env.kwargs, cfg.env.randomization)
+    if cfg.env.vec_env == "batched":
+        batched.check_support(cfg.env.id)
+    check_threads(cfg.env)
+    check_copies_fit(cfg.env)
+
+
+def check_threads(env: EnvConfig) -> None:
+    """``env.num_threads``: only for backends with threads, at most one per core."""
+    if env.num_threads is None:
+        return
+    if env.vec_env in ("dummy", "subproc"):
+        raise ConfigError(f"env.num_threads={env.num_threads}: env.vec_env={env.vec_env} steps "
+                          "no threads; drop env.num_threads or use env.vec_env=batched")
+    cores = physical_cores()
+    if env.num_threads > cores:
+        raise ConfigError(f"env.num_threads={env.num_threads}: more threads than this machine's "
+                          f"{cores} cores; use env.num_threads={cores} or drop it (one per core)")
+
+
+def check_copies_fit(env: EnvConfig) -> None:
+    """``env.num_envs`` copies of a MuJoCo task fit in the memory available now (each copy's
+    model, two MjData and :data:`COPY_OVERHEAD_BYTES`, measured on one copy: a lower bound)."""
+    available = psutil.virtual_memory().available
+    if env.num_envs * MAX_COPY_BYTES <= available or not randomization.is_mujoco_task(env.id):
+        return
+    one = gymnasium.make(robots.importable_id(env.id), **env.kwargs)
+    try:
+        model, data = one.unwrapped.model, one.unwrapped.data  # type: ignore[attr-defined]
+        per_copy = model.nbuffer + 2 * data.nbuffer + COPY_OVERHEAD_BYTES
+    finally:
+        one.close()
+    if env.num_envs * per_copy > available:
+        raise ConfigError(
+            f"env.num_envs={env.num_envs}: that many copies of {env.id} need at least "
+            f"{env.num_envs * per_copy / 2**30:.1f} GiB ({per_copy / 2**20:.1f} MiB each) and "
+            f"this machine has {available / 2**30:.1f} GiB available; lower env.num_envs to at "
+            f"most {available // per_copy}")
 
 
 def check_env_id(env_id: str) -> None:

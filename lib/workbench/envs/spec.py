@@ -14,7 +14,7 @@ class EnvSpec:
 
     env_id: str
     num_envs: int
-    vec_env: str = "dummy"  # dummy | subproc | envpool | auto
+    vec_env: str = "dummy"  # dummy | subproc | envpool | batched | auto
     seed: int = 0
     max_episode_steps: int | None = None
     kwargs: dict[str, Any] | None = None
@@ -24,6 +24,12 @@ class EnvSpec:
     norm_gamma: float = 0.99
     clip_obs: float = 10.0
     randomization: RandomizationConfig | None = None  # training envs' domain randomization
+    num_threads: int | None = None  # batched/envpool threads; None: the core budget
+
+    def threads(self, budget: int) -> int:
+        """Threads for the batched and envpool backends: ``num_threads`` or ``budget``, at
+        most one per env copy."""
+        return max(1, min(self.num_threads or budget, self.num_envs))
 
     @classmethod
     def from_config(cls, cfg: WorkbenchConfig) -> EnvSpec:
@@ -42,6 +48,7 @@ class EnvSpec:
             norm_gamma=e.norm_gamma,
             clip_obs=e.clip_obs,
             randomization=e.randomization,
+            num_threads=e.num_threads,
         )
 
     def env_kwargs(self) -> dict[str, Any]:
