@@ -26,8 +26,9 @@ from workbench.envs import (
 from workbench.envs.cores import physical_cores
 from workbench.envs.envpool_vec import check_support
 
-# No MuJoCo task's copy needs more (its model, two MjData, the env's Python objects): below
-# num_envs * this, the copies fit and none is built to measure them.
+# A copy of gymnasium's and the workbench's MuJoCo tasks needs 1.2-1.7 MiB (its model, two
+# MjData, the env's Python objects): while num_envs * this fits, no copy is built to measure
+# (a robot with meshes of tens of MiB is measured only from there).
 MAX_COPY_BYTES = 64 * 2**20
 # A copy's Python objects (env, wrappers) and the pages of MuJoCo's arena a step touches: one
 # copy's resident memory was 1.25-1.64 MiB with its model (the duck, HalfCheetah, Ant, Humanoid).
