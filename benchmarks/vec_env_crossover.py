@@ -1,4 +1,4 @@
-"""Where EnvPool starts to pay: env-steps/s of ``dummy`` and ``envpool`` per task and env count.
+"""Where EnvPool (or batched) starts to pay: env-steps/s against ``dummy`` per task and env count.
 
 A rollout alternates a policy forward pass and a batched env step. Each row steps the
 backend (as ``workbench.envs.backends`` builds it: EnvPool with ``min(num_envs, cores)``
@@ -6,10 +6,13 @@ threads) for ``--seconds`` with the default policy's forward pass (256x256 MLP, 
 thread) between steps, so EnvPool's threads go back to sleep between steps as they do in
 training. ``workbench calibrate`` steps with random actions only, which hides that cost.
 The crossover decides ``env.vec_env=auto``'s ``ENVPOOL_MIN_ENVS``
-(docs/benchmarks.md#envvec_envauto-below-8-envs). Run it on a quiet machine.
+(docs/benchmarks.md#envvec_envauto-below-8-envs); with ``--against batched``, the batched
+backend's ``BATCHED_MIN_ENVS`` (docs/benchmarks.md#batched-physics-with-randomization). Run it
+on a quiet machine.
 
     python benchmarks/vec_env_crossover.py
     python benchmarks/vec_env_crossover.py --tasks hopper --envs 4 8 --seconds 5
+    python benchmarks/vec_env_crossover.py --against batched --tasks duck halfcheetah --envs 1 2 4
 """
 
 from __future__ import annotations
@@ -65,20 +68,23 @@ def main() -> int:
                                                        "walker2d"])
     parser.add_argument("--envs", nargs="+", type=int, default=[1, 2, 4, 8, 16])
     parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--against", choices=["envpool", "batched"], default="envpool",
+                        help="the backend measured against dummy (default envpool)")
     args = parser.parse_args()
-    if not envpool_vec.is_installed():
+    other = args.against
+    if other == "envpool" and not envpool_vec.is_installed():
         print("envpool is not installed (extra `fast`): nothing to compare", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
-    print(f"{'task':12s} {'envs':>4s} {'dummy steps/s':>14s} {'envpool steps/s':>16s} "
-          f"{'envpool/dummy':>14s}   env step us (dummy, envpool)")
+    print(f"{'task':12s} {'envs':>4s} {'dummy steps/s':>14s} {other + ' steps/s':>16s} "
+          f"{other + '/dummy':>14s}   env step us (dummy, {other})")
     for task in args.tasks:
         for num_envs in args.envs:
             spec = EnvSpec.from_config(load_config([f"env={task}", f"env.num_envs={num_envs}"]))
             dummy, dummy_us = rollout_rate(replace(spec, vec_env="dummy"), args.seconds)
-            pool, pool_us = rollout_rate(replace(spec, vec_env="envpool"), args.seconds)
-            print(f"{task:12s} {num_envs:4d} {dummy:14,.0f} {pool:16,.0f} {pool / dummy:14.2f}"
-                  f"   {dummy_us:.0f}, {pool_us:.0f}", flush=True)
+            rate, rate_us = rollout_rate(replace(spec, vec_env=other), args.seconds)
+            print(f"{task:12s} {num_envs:4d} {dummy:14,.0f} {rate:16,.0f} {rate / dummy:14.2f}"
+                  f"   {dummy_us:.0f}, {rate_us:.0f}", flush=True)
     print(f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 

@@ -62,6 +62,29 @@ def test_make_bench_runs_its_parts_and_sums_them_up(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_batched_sampling_tables_side_by_side(tmp_path: Path) -> None:
+    """benchmarks/batched.py shrunk (one task, 2 envs, 0.05 s a case): every backend measured
+    in one run, the docs' two tables filled from it."""
+    results = tmp_path / "results"
+    proc = run_script("batched.py", "--tasks", "halfcheetah", "--envs", "2", "--reps", "1",
+                      "--seconds", "0.05", results=results)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((results / "batched.json").read_text())
+    cases = ["dummy+rand", "subproc+rand", "batched+rand", "batched"]
+    measured = set(data["table"]["HalfCheetah-v5"])
+    assert measured >= set(cases) and measured <= {*cases, "envpool"}
+    sampling, time = data["tables"]["sampling"], data["tables"]["time"]
+    assert sampling["headers"] == ["task", *cases, "envpool"]
+    assert [row[0] for row in sampling["rows"]] == ["HalfCheetah-v5"]
+    assert all("(" in cell for cell in sampling["rows"][0][1:5])  # rate (share of C_phys...)
+    (split,) = data["time_split_per_rep"]["HalfCheetah-v5"]
+    assert split["physics_us"] > 0 and split["rest_us"] > 0
+    assert time["rows"][0][0] == "HalfCheetah-v5" and len(time["rows"][0]) == 5
+    assert data["command"].endswith("benchmarks/batched.py --tasks halfcheetah --envs 2 "
+                                    "--reps 1 --seconds 0.05")
+
+
+@pytest.mark.slow
 def test_train_and_reward_parts_shrunk_feed_the_summary(tmp_path: Path) -> None:
     """The suite's two training parts, each smaller than its quick mode, and the summary rows
     bench.py makes of their results."""
