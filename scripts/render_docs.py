@@ -11,9 +11,17 @@ says what fills it:
 
 - ``table:FILE/TABLE``: the table ``TABLE`` of the committed results file
   ``benchmarks/reference/FILE.json`` (``{"tables": {TABLE: {"headers": [...], "rows":
-  [[...]], "notes": "..."}}}``, with the ``command``, ``commit`` and ``date`` every benchmark
-  writes through ``benchmarks/harness.py``), and a line under it naming the command, the
-  machine, the date and the commit;
+  [[...]], "notes": "..."}}}``, with the ``command``, ``commit``, ``date`` and ``machine``
+  every benchmark writes through ``benchmarks/harness.py``; a machine without a ``cpu`` is
+  named by its ``description``), and a line under it naming the command, the machine, the
+  date and the commit. A table measured apart from the rest of its file carries its own
+  ``command``, ``commit``, ``date`` or ``machine``; one whose rows come from several
+  measurements carries ``sources`` (``[{"label", "command", "date", "commit"}]``), listed
+  under it instead of the line. A cell ``{"ref": "FILE/TABLE", "row": LABEL, "column":
+  HEADER}`` is that cell of another table (its row whose first cell is LABEL), ``{"ref":
+  "FILE/TABLE", "field": "date"}`` (or ``commit``, ``command``; with ``"row"``, that row's
+  source's) where that table was measured, and a list of cells their texts joined: a
+  figure shown twice has one home. Such a table lists each row's commands under it;
 - ``modules``: every module of ``lib/workbench`` with the first line of its docstring (the
   map in docs/architecture.md);
 - ``package:NAME``: the modules of ``lib/workbench/NAME`` with their first lines (that
@@ -115,31 +123,102 @@ def reference(name: str) -> dict[str, Any]:
     return loaded
 
 
-def provenance_line(data: dict[str, Any]) -> str:
-    """``Measured by `command` on <cpu> (N cores), <date>, commit <sha>.``"""
-    machine = data.get("machine") or {}
-    where = machine.get("cpu", "an unrecorded machine")
-    if machine.get("logical_cores"):
-        where += f", {machine['logical_cores']} cores"
-    return (f"Measured by `{data['command']}` on {where}, {data['date']}, "
-            f"commit {data['commit']}.")
-
-
-def table(name: str) -> str:
-    """A results file's table, its notes and where it came from."""
+def found_table(name: str) -> dict[str, Any]:
+    """The table ``FILE/TABLE``, with where it was measured (the file's ``command``,
+    ``commit``, ``date`` and ``machine`` unless the table has its own)."""
     file, _, key = name.partition("/")
     data = reference(file)
     tables = data.get("tables") or {}
     if key not in tables:
         raise RenderError(f"benchmarks/reference/{file}.json: no table {key!r}; it has "
                           f"{', '.join(tables) or 'none'}")
-    found = tables[key]
+    where = {k: data[k] for k in ("command", "commit", "date", "machine") if k in data}
+    return {**where, **tables[key], "name": name}
+
+
+def source_of(table: dict[str, Any], label: str) -> dict[str, Any]:
+    """Where the row ``label`` of ``table`` was measured: its entry of ``sources``, else the
+    table's own provenance."""
+    for source in table.get("sources") or []:
+        if source.get("label") == label:
+            return {**table, **source}
+    return table
+
+
+def text(value: Any, used: list[dict[str, Any]] | None = None) -> str:
+    """A cell's text; a reference resolved (and where it came from added to ``used``)."""
+    if isinstance(value, list):
+        return "".join(text(part, used) for part in value)
+    if not isinstance(value, dict):
+        return str(value)
+    if "ref" not in value:
+        raise RenderError(f"a cell {value!r}: neither text nor a reference")
+    table = found_table(value["ref"])
+    source = source_of(table, value["row"]) if "row" in value else table
+    if used is not None:
+        used.append(source)
+    if "field" in value:
+        return str(source[value["field"]])
+    rows = [row for row in table["rows"] if text(row[0]) == value["row"]]
+    if len(rows) != 1 or value["column"] not in table["headers"]:
+        raise RenderError(f"{value['ref']}: no single row {value['row']!r} with a column "
+                          f"{value['column']!r}")
+    return text(rows[0][table["headers"].index(value["column"])])
+
+
+def where(machine: dict[str, Any] | None) -> str:
+    """The machine: its CPU and cores as the harness records them, or its description."""
+    machine = machine or {}
+    if not machine.get("cpu"):
+        return str(machine.get("description", "an unrecorded machine"))
+    cores = machine.get("logical_cores")
+    return machine["cpu"] + (f", {cores} cores" if cores else "")
+
+
+def provenance_line(data: dict[str, Any]) -> str:
+    """``Measured by `command` on <cpu> (N cores), <date>, commit <sha>.``"""
+    return (f"Measured by `{data['command']}` on {where(data.get('machine'))}, "
+            f"{data['date']}, commit {data['commit']}.")
+
+
+def measurement(source: dict[str, Any], dated: bool = True) -> str:
+    """```command`` (date, commit sha)`` of one source."""
+    when = ", ".join([*([source["date"]] if source.get("date") else []),
+                      *([f"commit {source['commit']}"] if source.get("commit") else [])])
+    return f"`{source['command']}`" + (f" ({when})" if when and dated else "")
+
+
+def sources_list(found: dict[str, Any], per_row: list[tuple[str, list[dict[str, Any]]]]
+                 ) -> list[str]:
+    """Where the rows come from: one line; or its ``sources``, each with its date and
+    commit; or, for a table that takes its figures from others, each row's commands (their
+    dates and commits are on those tables, or in the row)."""
+    dated = bool(found.get("sources"))
+    if dated:
+        per_row = [(s["label"], [s]) for s in found["sources"]]
+    if not any(used for _, used in per_row):
+        return [provenance_line(found)]
+    lines = [f"Measured on {where(found.get('machine'))}:", ""]
+    for label, used in per_row:
+        unique = list({measurement(s, dated): s for s in used if s.get("command")})
+        if unique:
+            lines.append(f"- {label}: {'; '.join(unique)}.")
+    return lines
+
+
+def table(name: str) -> str:
+    """A results file's table, its notes and where it came from."""
+    found = found_table(name)
     lines = ["| " + " | ".join(cell(str(h)) for h in found["headers"]) + " |",
              "|" + "|".join("---" for _ in found["headers"]) + "|"]
-    lines += ["| " + " | ".join(cell(str(c)) for c in row) + " |" for row in found["rows"]]
+    per_row = []
+    for row in found["rows"]:
+        used: list[dict[str, Any]] = []
+        lines.append("| " + " | ".join(cell(text(c, used)) for c in row) + " |")
+        per_row.append((text(row[0]), used))
     notes = found.get("notes")
     return "\n".join([*lines, "", *([notes, ""] if notes else []),
-                      provenance_line(data)]) + "\n"
+                      *sources_list(found, per_row)]) + "\n"
 
 
 def tests_line() -> str:

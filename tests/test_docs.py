@@ -5,14 +5,17 @@
 - Every metric key the code logs under the workbench's own prefixes is in docs/tracking.md's
   metric table, and no other page repeats that list.
 - docs/benchmarks.md's contents list is its ``##`` sections, in order.
-- Every relative link of README.md, SECURITY.md, experiments/README.md and docs/ reaches a file
-  of the repository, and a ``#anchor`` into a Markdown file one of its headings.
+- Every relative link of README.md, SECURITY.md, experiments/README.md and docs/ (its folders
+  too) reaches a file of the repository, and a ``#anchor`` into a Markdown file one of its
+  headings.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", ROOT / "SECURITY.md", ROOT / "experiments" / "README.md",
-         *sorted(DOCS.glob("*.md"))]
+         *sorted(DOCS.rglob("*.md"))]
 GROUP_HEADER = re.compile(r"^\|\s*group\s*\|\s*options\s*\|", re.MULTILINE)
 
 pytestmark = pytest.mark.unit
@@ -143,7 +146,7 @@ def test_doc_references_in_conf_and_code_resolve() -> None:
     sources = [*CONF.rglob("*.yaml"), *(ROOT / "lib" / "workbench").rglob("*.py")]
     broken, seen = [], 0
     for source in sources:
-        for page, anchor in re.findall(r"\b(docs/[\w-]+\.md)(?:#([\w-]+))?", source.read_text()):
+        for page, anchor in re.findall(r"\b(docs/[\w/-]+\.md)(?:#([\w-]+))?", source.read_text()):
             seen += 1
             target = ROOT / page
             if not target.is_file() or (anchor and anchor not in map(slug, headings(target))):
@@ -164,9 +167,8 @@ def test_the_torch_version_is_written_once_in_the_docs() -> None:
     assert repeated == []
 
 
-def test_generated_blocks_match_their_sources(capsys: pytest.CaptureFixture[str]) -> None:
-    """Every table of figures is its committed results file, the module map and the package
-    docstrings' lists every module (scripts/render_docs.py rewrites them)."""
+def render_docs() -> Any:
+    """scripts/render_docs.py as a module."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("render_docs",
@@ -174,5 +176,45 @@ def test_generated_blocks_match_their_sources(capsys: pytest.CaptureFixture[str]
     assert spec and spec.loader
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    assert script.main(["--check"]) == 0, capsys.readouterr().err
+    return script
+
+
+def test_generated_blocks_match_their_sources(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every table of figures is its committed results file, the module map and the package
+    docstrings' lists every module (scripts/render_docs.py rewrites them)."""
+    assert render_docs().main(["--check"]) == 0, capsys.readouterr().err
     assert "<!-- generated: modules -->" in (DOCS / "architecture.md").read_text()
+
+
+def test_a_table_says_where_each_figure_was_measured(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table's own provenance wins over its file's; rows from several measurements list
+    each; a cell taken from another table is that table's figure, with its command."""
+    script = render_docs()
+    monkeypatch.setattr(script, "REFERENCE", tmp_path)
+    machine = {"description": "the test machine"}
+    (tmp_path / "runs.json").write_text(json.dumps({
+        "command": "bench a", "commit": "abc", "date": "2026-01-01", "machine": machine,
+        "tables": {
+            "speed": {"headers": ["task", "steps/s"], "rows": [["Hopper", "4,660"]],
+                      "command": "bench b", "date": "2026-01-02"},
+            "returns": {"headers": ["task", "return"], "rows": [["Hopper", "3423"]],
+                        "sources": [{"label": "Hopper", "command": "bench c",
+                                     "date": "2026-01-03", "commit": "def"}]}}}))
+    (tmp_path / "glance.json").write_text(json.dumps({
+        "command": "-", "commit": "-", "date": "-", "machine": machine,
+        "tables": {"rows": {"headers": ["task", "steps/s", "return", "measured"], "rows": [[
+            "Hopper", {"ref": "runs/speed", "row": "Hopper", "column": "steps/s"},
+            {"ref": "runs/returns", "row": "Hopper", "column": "return"},
+            [{"ref": "runs/speed", "field": "date"}, ", ",
+             {"ref": "runs/speed", "field": "commit"}]]]}}}))
+
+    assert script.table("runs/speed").endswith(
+        "Measured by `bench b` on the test machine, 2026-01-02, commit abc.\n")
+    assert "- Hopper: `bench c` (2026-01-03, commit def).\n" in script.table("runs/returns")
+    glance = script.table("glance/rows")
+    assert "| Hopper | 4,660 | 3423 | 2026-01-02, abc |" in glance
+    assert glance.endswith("Measured on the test machine:\n\n- Hopper: `bench b`; `bench c`.\n")
+    bad = {"ref": "runs/speed", "row": "Walker2d", "column": "steps/s"}
+    with pytest.raises(script.RenderError, match="no single row 'Walker2d'"):
+        script.text(bad)
