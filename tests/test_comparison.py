@@ -258,6 +258,39 @@ def test_compare_two_points_prints_the_changed_keys_and_a_verdict(
     assert data["measures"][0]["improvement"]["estimate"] == pytest.approx(expected.estimate)
 
 
+def test_a_margin_gives_the_non_inferiority_verdict_of_two_points(
+        in_store: reportdata.Sweep, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--margin`` ends the output with "not worse", "worse" or "undecided", its interval
+    Yuen's trimmed t on the final returns as scipy computes it."""
+    from scipy import stats
+
+    a, b = "tiny-grid/halfcheetah-ne1-ns64", "tiny-grid/halfcheetah-ne2-ns128"
+    ra = final_returns(in_store, point_runs(in_store, "halfcheetah-ne1-ns64"))
+    rb = final_returns(in_store, point_runs(in_store, "halfcheetah-ne2-ns128"))
+    assert main(["compare", a, b, "--margin", "0.5"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    found = stats.ttest_ind(rb, ra, trim=0.25, equal_var=False)
+    diff = stats.trim_mean(rb, 0.25) - stats.trim_mean(ra, 0.25)
+    spread = stats.t.ppf(0.975, found.df) * diff / found.statistic
+    low, high = diff - spread, diff + spread
+    verdict_words = ("B is not worse than A by more than 0.5" if low > -0.5 else
+                     "B is worse than A by more than 0.5" if high < -0.5 else "undecided: ")
+    assert out[-2].startswith("Not worse? (the final return's IQM against the margin")
+    assert out[-1].startswith(verdict_words)
+    assert f"95 % interval of B - A: {low:+.1f} to {high:+.1f}" in out[-1]
+    assert out[-1].endswith("2 vs 2 seeds)") or "; B is better" in out[-1]
+    # A margin in % of A's IQM, with the time to a target too.
+    assert main(["compare", a, b, "--margin", "5%", "--target=-1e9"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    if stats.trim_mean(ra, 0.25) <= 0:
+        assert lines[-2] == ("undecided (2 vs 2 seeds): a margin in % needs A's IQM above 0 (it "
+                             f"is {stats.trim_mean(ra, 0.25):,.1f}); give the margin as a "
+                             "return, e.g. 50")
+    else:
+        assert re.match(r"(B is|undecided)", lines[-2]) and "of A's IQM" in lines[-2]
+    assert lines[-1].startswith("B reaches -1e+09 in ") and "× A's time [" in lines[-1]
+
+
 def test_two_seeds_of_one_point_are_not_distinguishable(
         in_store: reportdata.Sweep, capsys: pytest.CaptureFixture[str]) -> None:
     seed0, seed1 = point_runs(in_store, "halfcheetah-ne1-ns64")

@@ -325,8 +325,9 @@ def setup_promote(parser: argparse.ArgumentParser) -> Runner:
 
         load_profile(args.profile, args.overrides)
         from workbench.deploy import promotion
+        from workbench.review.noninferiority import judge_return
 
-        return promotion.promote_command(args)
+        return promotion.promote_command(args, judge=judge_return)
 
     return run
 

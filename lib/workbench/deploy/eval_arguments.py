@@ -12,11 +12,13 @@ from pathlib import Path
 
 from workbench import config
 from workbench.config import ConfigError
+from workbench.config.margin import parse_margin
 from workbench.config.robustness import load_profile, profile_names
 from workbench.deploy.arguments import add_allow_module, check_checkpoint_choice
 
 DEFAULT_PROFILE = "default"
 GATE_PROFILE = "gate"
+DEFAULT_MARGIN = "5%"  # promote --not-worse-than's, of the incumbent's IQM per cell
 ALIAS = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -93,6 +95,12 @@ def add_promote_arguments(parser: argparse.ArgumentParser) -> None:
                         f"(default {GATE_PROFILE})")
     parser.add_argument("--name", metavar="MODEL",
                         help="registered model name (default: <env>-<algo>, e.g. hopper-ppo)")
+    parser.add_argument("--not-worse-than", metavar="ALIAS",
+                        help="also evaluate the policy holding ALIAS (e.g. on-robot) under the "
+                        "same profile, and refuse a candidate worse than it in any cell")
+    parser.add_argument("--margin", metavar="M",
+                        help=f"with --not-worse-than: how much worse a cell may be, a share of "
+                        f"the incumbent's IQM (5%%) or a return (default {DEFAULT_MARGIN})")
     add_allow_module(parser)
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="profile overrides, e.g. seeds=[0,1,2]")
@@ -109,6 +117,13 @@ def check_promote_arguments(args: argparse.Namespace) -> None:
     if args.name is not None and not MODEL_NAME.match(args.name):
         raise ConfigError(f"--name {args.name!r}: a model name is letters, digits, '.', '-' "
                           "or '_' (e.g. --name hopper-ppo)")
+    if args.not_worse_than is not None and not ALIAS.match(args.not_worse_than):
+        raise ConfigError(f"--not-worse-than {args.not_worse_than!r}: not a registry alias; "
+                          "name the alias of the policy to beat, e.g. --not-worse-than on-robot")
+    if args.margin is not None and args.not_worse_than is None:
+        raise ConfigError(f"--margin {args.margin}: it says how much worse than the policy of "
+                          "--not-worse-than a cell may be; give --not-worse-than ALIAS too")
+    parse_margin(args.margin or DEFAULT_MARGIN, "--margin")
     profile = load_profile(args.profile, args.overrides)
     if args.overrides and args.alias in profile.locked_aliases:
         raise ConfigError(

@@ -1,7 +1,8 @@
 """``workbench promote``: a run's policy into MLflow's model registry, behind a gate.
 
     workbench promote --run RUN_ID --alias ALIAS [--checkpoint best|last|STEP]
-                      [--profile NAME] [--name MODEL] [--allow-module MODULE]... [KEY=VALUE ...]
+                      [--profile NAME] [--name MODEL] [--not-worse-than ALIAS [--margin M]]
+                      [--allow-module MODULE]... [KEY=VALUE ...]
 
 "Which policy is on the robot" becomes a registry alias (``hopper-ppo@on-robot``) instead of
 someone's memory. The alias is set only when the gate holds, checked in this order:
@@ -12,7 +13,14 @@ someone's memory. The alias is set only when the gate holds, checked in this ord
    export's measured maximum latency after warm-up fits the contract's control period
    (:func:`workbench.deploy.verification.deployment_check`);
 3. the robustness matrix of the gate's profile (``conf/eval/<profile>.yaml``, default
-   ``gate``; :mod:`workbench.deploy.robustness`) holds in every cell.
+   ``gate``; :mod:`workbench.deploy.robustness`) holds in every cell;
+4. with ``--not-worse-than ALIAS``: the policy holding that alias, evaluated now under the
+   same profile, is not better in any cell by more than ``--margin`` (5 % by default): each
+   cell's per-seed returns are judged as ``workbench compare --margin`` judges two sides (the
+   judge comes from the review layer, :mod:`workbench.review.noninferiority`), at 2.5 %
+   divided among the cells (Bonferroni), so a candidate within the margin is refused with a
+   chance of at most 2.5 %. A cell the seeds leave undecided does not refuse; the version's
+   tag ``gate.not_worse_than`` says how many were.
 
 Then a model version is created from the run's ``export/`` artifacts (MLflow 3:
 ``create_model_version``), the gate as it was run is written on it as tags (profile and its
@@ -29,20 +37,51 @@ exit 2).
 from __future__ import annotations
 
 import argparse
+import re
 import tempfile
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from workbench.config import ConfigError
+from workbench.config.margin import Margin, parse_margin
 from workbench.config.robustness import load_profile
 from workbench.deploy import evaluation, export, robustness, verification
 from workbench.deploy.arguments import allowed_modules
+from workbench.deploy.eval_arguments import DEFAULT_MARGIN
 from workbench.tracking import permissions
 from workbench.tracking.store import truncate
 
 REGISTRY_TAG_LIMIT = 5_000  # MLflow's tag values hold 8,000 characters
+NOT_WORSE_ERROR = 0.025  # the chance, over all cells, of refusing a candidate within the margin
+WORSE = "worse"
+STEP = re.compile(r"(?:^|step-)0*(\d+)$")  # a registered version's checkpoint tag: its step
+
+
+class Verdict(Protocol):
+    """A judge's answer for one cell (:class:`workbench.review.noninferiority.Judgement`)."""
+
+    @property
+    def verdict(self) -> str: ...  # "not worse", "worse" or "undecided"
+
+    def line(self) -> str: ...
+
+
+# (incumbent's per-seed returns, candidate's, margin, one-sided level) -> verdict
+Judge = Callable[[Sequence[float], Sequence[float], Margin, float], Verdict]
+
+
+@dataclass(frozen=True)
+class Incumbent:
+    """The registered version a candidate must not be worse than (``--not-worse-than``)."""
+
+    name: str
+    alias: str
+    version: Any  # MLflow's ModelVersion
+
+    def text(self) -> str:
+        return f"{self.name}@{self.alias} (version {self.version.version})"
 
 
 @dataclass
@@ -55,6 +94,25 @@ class Gate:
     config: Any = None  # the policy's WorkbenchConfig, once loaded
     deployment: verification.DeploymentCheck | None = None  # contract and latency, once run
     overrides: tuple[str, ...] = ()  # the profile's KEY=VALUE overrides it ran with
+    # --not-worse-than: each cell's label and the judge's verdict, candidate against incumbent
+    rivals: list[tuple[str, Verdict]] = field(default_factory=list)
+    incumbent: Incumbent | None = None
+    margin: Margin | None = None
+
+    @property
+    def worse_cells(self) -> list[tuple[str, Verdict]]:
+        return [(label, v) for label, v in self.rivals if v.verdict == WORSE]
+
+    def rivalry_text(self) -> str:
+        """``not worse than hopper-ppo@on-robot (version 3) in 5 of 7 cells, undecided in 2
+        (margin 5 %)``."""
+        assert self.incumbent is not None and self.margin is not None
+        shown = sum(v.verdict == "not worse" for _, v in self.rivals)
+        open_cells = [label for label, v in self.rivals if v.verdict not in ("not worse", WORSE)]
+        undecided = f", undecided in {len(open_cells)} ({', '.join(open_cells)})" \
+            if open_cells else ""
+        return (f"not worse than {self.incumbent.text()} in {shown} of {len(self.rivals)} "
+                f"cells{undecided} (margin {self.margin.text()})")
 
     @property
     def passed(self) -> bool:
@@ -98,6 +156,8 @@ def version_tags(gate: Gate, run: Any, alias: str, checkpoint: Mapping[str, Any]
     }
     if gate.deployment is not None:
         tags.update(gate.deployment.tags)
+    if gate.incumbent is not None:
+        tags["gate.not_worse_than"] = truncate(gate.rivalry_text(), REGISTRY_TAG_LIMIT)
     if checkpoint:
         tags["checkpoint"] = str(checkpoint.get("path") or checkpoint.get("step") or "")
     for key in ("hub.repo_id", "hub.revision"):
@@ -164,6 +224,65 @@ def planned_name(run: Any, name: str | None) -> str | None:
     return f"{params['env.name']}-{params['algo.name']}"
 
 
+def find_incumbent(client: Any, run: Any, args: argparse.Namespace) -> Incumbent | None:
+    """The version holding ``--not-worse-than``'s alias, before anything runs (one line when
+    there is none); None without the flag."""
+    from mlflow.exceptions import MlflowException
+
+    alias = args.not_worse_than
+    if alias is None:
+        return None
+    name = planned_name(run, args.name)
+    if name is None:
+        raise ConfigError(f"--not-worse-than {alias}: the run's params do not name its model "
+                          "(env.name, algo.name); give --name MODEL")
+    try:
+        version = client.get_model_version_by_alias(name, alias)
+    except MlflowException:
+        raise ConfigError(f"--not-worse-than {alias}: no version of model {name} holds alias "
+                          f"{alias}; promote one there first (workbench promote --run RUN_ID "
+                          f"--alias {alias}), or name another model with --name") from None
+    return Incumbent(name, alias, version)
+
+
+def registered_checkpoint(version: Any) -> str | None:
+    """The step of the checkpoint a version was registered from (its ``checkpoint`` tag),
+    as ``--checkpoint`` takes it; None: the run's final one."""
+    found = STEP.search(str(version.tags.get("checkpoint", "")))
+    return str(int(found.group(1))) if found else None
+
+
+def incumbent_matrix(args: argparse.Namespace, client: Any, incumbent: Incumbent, out: Path
+                     ) -> robustness.Matrix:
+    """The incumbent's policy (the checkpoint its version was registered from) evaluated
+    now, under the candidate's profile and overrides, logged as any ``workbench eval``."""
+    profile = load_profile(args.profile, args.overrides)
+    run_id = incumbent.version.run_id
+    print(f"--not-worse-than {incumbent.alias}: evaluating {incumbent.text()}, run {run_id}",
+          flush=True)
+    with tempfile.TemporaryDirectory(prefix="workbench-promote-") as work:
+        policy = evaluation.policy_of_run(client, run_id, Path(work),
+                                          allowed_modules(args.allow_module),
+                                          registered_checkpoint(incumbent.version))
+        robustness.check_applicable(profile, policy.config)
+        return evaluation.evaluate_policy(policy, args.profile, profile, client, out,
+                                          args.overrides).matrix
+
+
+def judge_cells(incumbent: robustness.Matrix, candidate: robustness.Matrix, margin: Margin,
+                judge: Judge) -> list[tuple[str, Verdict]]:
+    """Each cell of the candidate's matrix against the same cell of the incumbent's: their
+    per-seed mean returns, at ``NOT_WORSE_ERROR`` shared among the cells."""
+    level = NOT_WORSE_ERROR / len(candidate.results)
+    rivals = []
+    for result in candidate.results:
+        before = incumbent.result(result.cell)
+        if before is not None:
+            rivals.append((result.cell.label,
+                           judge(before.seed_returns, result.seed_returns, margin, level)))
+    return rivals
+
+
 def run_gate(args: argparse.Namespace, client: Any, out: Path) -> tuple[Gate, Any]:
     """Export with its parity check, then the robustness matrix of the profile."""
     allowed = allowed_modules(args.allow_module)
@@ -189,8 +308,9 @@ def run_gate(args: argparse.Namespace, client: Any, out: Path) -> tuple[Gate, An
                 tuple(args.overrides)), result
 
 
-def promote_command(args: argparse.Namespace) -> int:
-    """Gate, then register; exit 1 (nothing registered) when the gate fails."""
+def promote_command(args: argparse.Namespace, judge: Judge | None = None) -> int:
+    """Gate, then register; exit 1 (nothing registered) when the gate fails. ``judge``
+    compares the cells for ``--not-worse-than`` (the CLI passes the review layer's)."""
     export.quiet_downloads()
     client = export.open_store()
     run = export.get_run(client, args.run)
@@ -198,8 +318,16 @@ def promote_command(args: argparse.Namespace) -> int:
         raise ConfigError(f"--run {args.run}: the run is {run.info.status}; only a finished "
                           "run's policy can be promoted")
     check_may_write(client, run, planned_name(run, args.name))
+    incumbent = find_incumbent(client, run, args)
     with tempfile.TemporaryDirectory(prefix="workbench-promote-") as out:
         gate, exported = run_gate(args, client, Path(out))
+        if incumbent is not None and gate.passed:
+            assert judge is not None, "--not-worse-than needs a judge"
+            gate.incumbent = incumbent
+            gate.margin = parse_margin(args.margin or DEFAULT_MARGIN, "--margin")
+            assert gate.matrix is not None
+            gate.rivals = judge_cells(incumbent_matrix(args, client, incumbent, Path(out)),
+                                      gate.matrix, gate.margin, judge)
     return register_gated(args, client, run, gate, exported)
 
 
@@ -223,6 +351,13 @@ def register_gated(args: argparse.Namespace, client: Any, run: Any, gate: Gate,
         print(f"workbench: promote refused: {floor}{len(matrix.failing)} cell(s) of profile "
               f"{args.profile} fail: {failing}; nothing registered")
         return 1
+    if gate.worse_cells:
+        assert gate.incumbent is not None
+        worse = "; ".join(f"{label}: {v.line()}" for label, v in gate.worse_cells)
+        print(f"workbench: promote refused: worse than {gate.incumbent.text()} under profile "
+              f"{args.profile} (A: the incumbent, B: this run) in {len(gate.worse_cells)} of "
+              f"{len(gate.rivals)} cells: {worse}; nothing registered")
+        return 1
     name = model_name(gate.config, args.name)
     tags = version_tags(gate, export.get_run(client, args.run), args.alias,
                         exported.report.get("checkpoint"))
@@ -232,5 +367,7 @@ def register_gated(args: argparse.Namespace, client: Any, run: Any, gate: Gate,
           f"{args.profile}{overridden}: {len(gate.matrix.results)} cells hold at >= "
           f"{gate.matrix.threshold:,.1f}; nominal return {gate.matrix.nominal_text()}; "
           f"parity {tags['parity.onnx_max_abs_diff']})")
+    if gate.incumbent is not None:
+        print(f"  {gate.rivalry_text()}")
     return 0
 

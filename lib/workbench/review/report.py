@@ -36,6 +36,7 @@ from workbench.review.render import write_report
 from workbench.review.selection import Selection
 from workbench.review.study import load_study, run_url, study_section
 from workbench.review.tradeoff import TradeoffOptions
+from workbench.review.verification import verification_section
 from workbench.tracking.store import resolve_tracking_uri
 from workbench.tuning.storage import storage_url
 
@@ -107,4 +108,9 @@ def open_report(
     if compared is not None:
         report.sections.append(comparison_section(compare(client, *compared, store=uri,
                                                           allow_different_tasks=True)))
+    parents = {r.tags.get("mlflow.parentRunId") for r in report.runs}
+    if len(parents) == 1 and None not in parents:  # one sweep's points: its verification
+        verified = verification_section(client, str(parents.pop()))
+        if verified is not None:
+            report.sections.insert(0, verified)
     return report

@@ -23,6 +23,7 @@ from typing import Any
 from workbench import config
 from workbench.config import ConfigError, SweepConfig
 from workbench.config.compose import hydra_value
+from workbench.sweeps.kernels import KERNEL_KEY
 
 # Shorthand settings of the sweep group for two grid keys; their defaults without sweep.grid.
 SHORTHAND = {"env.num_envs": "sweep.num_envs", "algo.n_steps": "sweep.n_steps"}
@@ -173,9 +174,9 @@ def grid_axis(key: str, values: Any) -> Axis:
         fix = (f"use {PER_POINT[key]} instead, e.g. {PER_POINT[key]}=[0,1,2]" if key == "seed"
                else "the sweep names each point's run itself")
         raise ConfigError(f"{where}: {key} is set per point by the sweep; {fix}")
-    if key == "sweep" or key.startswith("sweep.") or key == "resume":
+    if (key == "sweep" or key.startswith("sweep.") or key == "resume") and key != KERNEL_KEY:
         raise ConfigError(f"{where}: the sweep's own settings (and resume) cannot vary per "
-                          "point; sweep over training keys, e.g. "
+                          f"point, but for {KERNEL_KEY}; sweep over training keys, e.g. "
                           "sweep.grid.algo.gamma=[0.99,0.999]")
     if not isinstance(values, Sequence) or isinstance(values, str):
         raise ConfigError(f"{where}={hydra_value(values)}: an axis is a list of values; "
@@ -268,9 +269,9 @@ def value_text(value: Any) -> str:
 
 
 def label(axis: Axis, value: Any, prefix: str | None = None) -> str:
-    """A grid value in a point name: a group option as itself (``hopper``), a boolean as the
-    key or ``no`` + key, anything else key + value (``lr1e-4``, ``ne4``)."""
-    if axis.is_group:
+    """A grid value in a point name: a group option or a kernel as itself (``hopper``), a
+    boolean as the key or ``no`` + key, anything else key + value (``lr1e-4``, ``ne4``)."""
+    if axis.is_group or axis.key == KERNEL_KEY:  # a kernel's name says which stack
         return value_text(value)
     name = prefix or ABBREVIATIONS.get(axis.key.rsplit(".", 1)[-1], axis.key.rsplit(".", 1)[-1])
     if isinstance(value, bool):

@@ -27,6 +27,7 @@ from mlflow.tracking import MlflowClient
 from workbench import paths
 from workbench.sweeps.claim import claim_holder, point_claim
 from workbench.sweeps.grid import key_tags
+from workbench.sweeps.kernels import DEFAULT_KERNEL, KERNEL_KEY
 from workbench.sweeps.plan import NOTEBOOK, Point, SweepPlan
 from workbench.sweeps.store import child_filter, search_all
 from workbench.tracking.redaction import scrub_command
@@ -64,6 +65,7 @@ class PointSpec:
     tags: dict[str, str]  # the point's grid values, for a run recorded by the sweep itself
     env_vars: dict[str, str]  # added to the kernel's environment
     timeout: float | None
+    kernel: str = DEFAULT_KERNEL  # the Jupyter kernel (software stack) papermill starts
 
 
 @dataclass
@@ -121,10 +123,11 @@ def point_specs(plan: SweepPlan, points: Sequence[Point], parent_id: str, experi
             tracking_uri=plan.tracking_uri,
             parameters=parameters,
             tags={"env": point.env, "num_envs": str(point.num_envs),
-                  "n_steps": str(point.n_steps), "seed": str(point.seed), **point.tags()},
+                  "n_steps": str(point.n_steps), "seed": str(point.seed), **point.tags(),
+                  **kernel_tag(point.kernel)},
             env_vars={
                 # the notebook tags its run with them (its config id it computes itself)
-                POINT_TAGS_ENV: json.dumps(key_tags(point.keys)),
+                POINT_TAGS_ENV: json.dumps({**key_tags(point.keys), **kernel_tag(point.kernel)}),
                 # Every point logs to the sweep's store, whatever the worker's own settings.
                 "MLFLOW_TRACKING_URI": plan.tracking_uri,
                 "WORKBENCH_CPU_BUDGET": budget,  # -> torch threads (workbench.envs)
@@ -133,8 +136,14 @@ def point_specs(plan: SweepPlan, points: Sequence[Point], parent_id: str, experi
                 "WORKBENCH_NOTEBOOK": str(plan.out_dir / f"{point.name}.ipynb"),
             },
             timeout=plan.timeout,
+            kernel=point.kernel,
         ))
     return specs
+
+
+def kernel_tag(kernel: str) -> dict[str, str]:
+    """``{"sweep.kernel": NAME}`` for a point run in another kernel than the project's."""
+    return {} if kernel == DEFAULT_KERNEL else {KERNEL_KEY: kernel}
 
 
 def point_environment(spec: PointSpec) -> dict[str, str]:
@@ -373,7 +382,7 @@ def run_papermill(spec: PointSpec, output: Path, kernel: PointKernel) -> str | N
             try:
                 papermill.execute_notebook(
                     str(source), str(output), parameters=spec.parameters,
-                    kernel_manager_class=kernel.manager_class(),
+                    kernel_name=spec.kernel, kernel_manager_class=kernel.manager_class(),
                     cwd=str(source.parent), progress_bar=False,
                     start_timeout=KERNEL_START_TIMEOUT_S,
                 )
@@ -389,8 +398,8 @@ def run_papermill(spec: PointSpec, output: Path, kernel: PointKernel) -> str | N
     except Exception as exc:  # the kernel died (or never started): mark the cell it was in
         message = f"{type(exc).__name__}: {first_line(str(exc))}"
         if isinstance(exc, NoSuchKernel):
-            message += " (register it: make setup, or python -m ipykernel install --sys-prefix "\
-                       "--name workbench)"
+            message += (" (register it: make setup, or python -m ipykernel install --sys-prefix "
+                        f"--name {spec.kernel})")
         elif isinstance(exc, DeadKernelError) and kernel.stop_reason is None:
             message += " (the kernel process died: out of memory, a crash, or a kill)"
         mark_failing_cell(output, type(exc).__name__, message)

@@ -19,15 +19,17 @@ import itertools
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from workbench import config
 from workbench.config import CONFIG_ID_TAG, ConfigError, SweepConfig, WorkbenchConfig, config_id
 from workbench.config.checks import describe_omegaconf_error
+from workbench.config.margin import parse_margin, parse_percent
 from workbench.sweeps import grid
 from workbench.sweeps.grid import PER_POINT as PER_POINT
 from workbench.sweeps.grid import override_key as override_key  # the sweep's and tune's
+from workbench.sweeps.kernels import DEFAULT_KERNEL, KERNEL_KEY
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -58,6 +60,7 @@ class Point:
     label: str = field(default="", compare=False)
     total_timesteps: int | None = field(default=None, compare=False)  # None: the sweep's
     config_id: str = field(default="", compare=False)  # workbench.config_id of its config
+    kernel: str = field(default=DEFAULT_KERNEL, compare=False)  # the Jupyter kernel it runs in
 
     @property
     def name(self) -> str:
@@ -66,9 +69,12 @@ class Point:
 
     def overrides(self) -> list[str]:
         """The point's own Hydra overrides, after the sweep's: its grid keys but those the
-        notebook takes as parameters, and its run name when that is not train's default."""
+        notebook takes as parameters, its kernel when not the project's, and its run name
+        when that is not train's default."""
         own = [grid.override(key, grid.plain(value)) for key, value in self.keys
-               if key not in NOTEBOOK_PARAMETER_KEYS]
+               if key not in NOTEBOOK_PARAMETER_KEYS and key != KERNEL_KEY]
+        if self.kernel != DEFAULT_KERNEL:  # the run's config says which stack it ran in
+            own.append(grid.override(KERNEL_KEY, self.kernel))
         return own + ([grid.override("tracking.run_name", self.label)] if self.label else [])
 
     def tags(self) -> dict[str, str]:
@@ -169,7 +175,8 @@ def expand_points(sweep: SweepConfig, axes: Sequence[grid.Axis], composed: DictC
             if sweep.iso_batch is not None:
                 keys += (("algo.n_steps", rollout_steps(typed)),)
             point = Point(typed.env.name, typed.env.num_envs, rollout_steps(typed), seed, keys,
-                          total_timesteps=typed.total_timesteps, config_id=config_id(typed))
+                          total_timesteps=typed.total_timesteps, config_id=config_id(typed),
+                          kernel=str(values.get(KERNEL_KEY, sweep.kernel)))
             if point in out.points:
                 continue
             out.points.append(point)
@@ -249,7 +256,10 @@ def check_request(overrides: Sequence[str], yes: bool = False) -> SweepRequest:
     if len(invalid) == len(points):
         first = points[0].name
         raise ConfigError(f"every point of the sweep is invalid, e.g. {first}: {invalid[first]}")
-    sweep_id = sweep.id or sweep_identity(sweep.name, points, point_overrides)
+    check_verification(sweep, points)
+    if sweep.verify.margin is not None:  # A and B alternate: each pair meets the same load
+        points = sorted(points, key=lambda p: p.seed)
+    sweep_id = sweep.id or sweep_identity(sweep.name, points, point_overrides, sweep)
     return SweepRequest(sweep=sweep, shared=typed, points=points,
                         point_overrides=point_overrides, sweep_id=sweep_id, invalid=invalid,
                         axes=axes, variants=expansion.variants)
@@ -290,17 +300,61 @@ def check_sweep_settings(sweep: SweepConfig) -> None:
                           "(0: the points get no GPU from Ray)")
     if sweep.max_points < 1:
         raise ConfigError(f"sweep.max_points={sweep.max_points}: must be >= 1")
+    if not sweep.kernel.strip():
+        raise ConfigError(f"{KERNEL_KEY}='': name a Jupyter kernel, e.g. {KERNEL_KEY}="
+                          f"{DEFAULT_KERNEL} (jupyter kernelspec list shows them)")
+    verify = sweep.verify
+    if verify.margin is None:
+        return
+    parse_margin(verify.margin, "sweep.verify.margin")
+    parse_percent(verify.time_margin, "sweep.verify.time_margin")
+    first = len(dict.fromkeys(sweep.seeds))
+    if verify.max_seeds < first:
+        raise ConfigError(f"sweep.verify.max_seeds={verify.max_seeds}: below the first stage's "
+                          f"{first} seeds (sweep.seeds); set sweep.verify.max_seeds={first} or "
+                          "more, or fewer sweep.seeds")
 
 
-def sweep_identity(name: str, points: Sequence[Point], point_overrides: Sequence[str]) -> str:
+def side_name(point: Point) -> str:
+    """A point's configuration: its name without the seed (``lr3e-5-s0`` -> ``lr3e-5``)."""
+    suffix = f"-s{point.seed}"
+    return point.name[:-len(suffix)] if point.name.endswith(suffix) else point.name
+
+
+def check_verification(sweep: SweepConfig, points: Sequence[Point]) -> None:
+    """A verification sweep (``sweep.verify.margin`` set) compares two configurations, A the
+    grid's first: exactly two, of one task unless ``sweep.verify.allow_different_tasks``."""
+    if sweep.verify.margin is None:
+        return
+    sides = list(dict.fromkeys(side_name(p) for p in points))
+    if len(sides) != 2:
+        raise ConfigError(f"sweep=verify: the grid has {len(sides)} configuration"
+                          f"{'' if len(sides) == 1 else 's'} ({', '.join(sides)}); a "
+                          "verification compares two, A first: give one axis two values, e.g. "
+                          "'sweep.grid={algo.learning_rate:[3e-4,3e-5]}' or "
+                          f"'sweep.grid={{{KERNEL_KEY}:[workbench,workbench-candidate]}}'")
+    tasks = [next(p.env for p in points if side_name(p) == side) for side in sides]
+    if tasks[0] != tasks[1] and not sweep.verify.allow_different_tasks:
+        raise ConfigError(f"sweep=verify: A ({sides[0]}) trains on {tasks[0]}, B ({sides[1]}) "
+                          f"on {tasks[1]}, and returns of different tasks are not comparable; "
+                          "verify on one task, or set sweep.verify.allow_different_tasks=true")
+
+
+def sweep_identity(name: str, points: Sequence[Point], point_overrides: Sequence[str],
+                   sweep: SweepConfig | None = None) -> str:
     """``<name>-<8 hex>``: the same points and overrides give the same id (resumable).
 
     A grid sweep's points add their overrides: a key with one value is in no point's name,
-    yet two such sweeps are not the same sweep.
+    yet two such sweeps are not the same sweep. Points in another kernel, and a
+    verification's stages and margins (its levels follow from them), make another sweep too.
     """
     content: dict[str, Any] = {"points": [p.name for p in points],
                                "overrides": list(point_overrides)}
     if any(p.label for p in points):
         content["point_overrides"] = [p.overrides() for p in points]
+    if any(p.kernel != DEFAULT_KERNEL for p in points):  # another stack is another sweep
+        content["kernels"] = [p.kernel for p in points]
+    if sweep is not None and sweep.verify.margin is not None:
+        content["verify"] = asdict(sweep.verify)
     payload = json.dumps(content, sort_keys=True)
     return f"{name}-{hashlib.sha256(payload.encode()).hexdigest()[:8]}"

@@ -41,6 +41,7 @@ from mlflow.tracking import MlflowClient
 
 from workbench import console
 from workbench.sweeps.executors import Executor, make_executor
+from workbench.sweeps.kernels import check_kernels
 from workbench.sweeps.plan import SweepPlan, plan_sweep
 from workbench.sweeps.point import (
     FAILED,
@@ -88,12 +89,14 @@ def run_sweep(overrides: Sequence[str] | SweepRequest) -> SweepResult:
     """Plan, prepare the store, run the points, close the parent run, print the table.
 
     ``overrides`` may be checked already (:func:`workbench.sweeps.request.check_request`).
-    Raises :class:`ConfigError` for a bad request (before anything is written),
+    Raises :class:`ConfigError` for a bad request (a kernel that is missing or lacks the
+    workbench included; before anything is written),
     ``KeyboardInterrupt`` when stopped (running points are stopped and marked KILLED) and
     :class:`ClusterLost` when the Ray head stops answering (the same, then the parent run is
     closed FAILED).
     """
     plan = plan_sweep(overrides)
+    check_kernels(p.kernel for p in plan.points)  # each exists and holds the workbench
     executor = make_executor(plan)
     try:
         return sweep_with(plan, executor)
