@@ -193,7 +193,8 @@ def test_a_clear_case_stops_at_its_first_stage(clear: Clear) -> None:
     assert section.text.startswith(stages[0][3])
     (row,) = section.rows
     assert row[:3] == ("1", "3", "96.9 %") and row[3].startswith(
-        f"{parent.data.metrics['verify/return_estimate']:,.3g} [")
+        f"{parent.data.metrics['verify/return_estimate']:+.1%} [")  # a share: margin 5%
+    assert tags["verify.margin"] == "5%" and row[4] == "-"  # no target, no time
 
 
 # --------------------------------------------------------------------------- the close case

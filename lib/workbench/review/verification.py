@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from workbench.config.margin import parse_margin, parse_percent
+from workbench.config.margin import Margin, parse_margin, parse_percent
 from workbench.console import printable
 from workbench.review import noninferiority
 from workbench.review.compare_request import Ref
@@ -43,6 +43,7 @@ LINES_TAG = "verify.lines"  # the verdicts in words, one per line (return, then 
 SEEDS_TAG = "verify.seeds"  # seeds a side at the last look
 STAGE_TAG = "verify.stage"  # the last look, "2 of 4"
 SIDES_TAG = "verify.sides"  # "A -> B": the two configurations' names
+MARGIN_TAG = "verify.margin"  # as written: 5% (of A's IQM) or a return
 EXIT_DECIDED_NOT_WORSE, EXIT_NOT_TAKEN = 0, 1
 STAGE_METRICS = ("seeds", "level", "return_estimate", "return_low", "return_high",
                  "time_ratio", "time_low", "time_high")
@@ -72,6 +73,7 @@ class Verification:
     parent_run_id: str
     sides: tuple[str, str]
     looks: list[int]  # seeds a side at each planned look
+    margin: Margin
     stages: list[Stage] = field(default_factory=list)
     comparison: Comparison | None = None  # the last look's
     failures: list[str] = field(default_factory=list)  # points that did not finish
@@ -142,7 +144,7 @@ def run_verification(request: SweepRequest, overrides: Sequence[str], yes: bool 
         swept = run_sweep(staged)
         if result is None:
             result = Verification(request.sweep_id, swept.parent_run_id, (sides[0], sides[1]),
-                                  looks)
+                                  looks, margin)
             client = open_store(swept_uri(staged))
         assert client is not None
         if swept.failures:
@@ -194,7 +196,8 @@ def stage_values(stage: Stage) -> dict[str, float]:
 
 def record(client: MlflowClient, result: Verification) -> None:
     """The verdict on the sweep's parent run: tags, and the last stage's metrics."""
-    tags = {VERDICT_TAG: result.verdict, SIDES_TAG: f"{result.sides[0]} -> {result.sides[1]}"}
+    tags = {VERDICT_TAG: result.verdict, SIDES_TAG: f"{result.sides[0]} -> {result.sides[1]}",
+            MARGIN_TAG: result.margin.written()}
     if result.failures:
         tags[LINES_TAG] = (f"stopped: {len(result.failures)} point(s) did not finish "
                            f"({', '.join(result.failures)}); run the same command again")
@@ -220,19 +223,20 @@ def verification_section(client: MlflowClient, parent_run_id: str) -> Section | 
     history = {key: {m.step: m.value for m in
                      client.get_metric_history(parent_run_id, f"verify/{key}")}
                for key in STAGE_METRICS}
+    share = tags.get(MARGIN_TAG, "").endswith("%")  # B - A in % of A's IQM, else points
     rows = []
     for step in sorted(history["seeds"]):
-        def cell(key: str, fmt: str, step: int = step) -> str:
-            value = history[key].get(step)
-            return "-" if value is None else format(value, fmt)
+        def bounds(prefix: str, names: tuple[str, str, str], fmt: str, step: int = step) -> str:
+            found = [history[f"{prefix}_{name}"].get(step) for name in names]
+            if any(v is None for v in found):
+                return "-"
+            return f"{format(found[0], fmt)} [{format(found[1], fmt)}, {format(found[2], fmt)}]"
 
         level = history["level"].get(step)
-        rows.append((str(step), cell("seeds", ".0f"),
+        rows.append((str(step), f"{history['seeds'][step]:.0f}",
                      "-" if level is None else f"{(1 - 2 * level) * 100:.3g} %",
-                     f"{cell('return_estimate', ',.3g')} [{cell('return_low', ',.3g')}, "
-                     f"{cell('return_high', ',.3g')}]",
-                     f"{cell('time_ratio', '.2f')} [{cell('time_low', '.2f')}, "
-                     f"{cell('time_high', '.2f')}]"))
+                     bounds("return", ("estimate", "low", "high"), "+.1%" if share else "+,.1f"),
+                     bounds("time", ("ratio", "low", "high"), ".2f")))
     lines = tags.get(LINES_TAG, "")
     return Section(
         title=f"Verification: {tags[VERDICT_TAG]} ({tags.get(SIDES_TAG, 'A -> B')})",
