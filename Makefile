@@ -53,7 +53,7 @@ ARGS ?=
 # Jupyter refuses to run as root without this flag (containers, CI machines run as root).
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: deps setup kernel git-filter gl-libs lock demo test test-unit test-slow test-all lint typecheck ui lab bench gpu-check \
+.PHONY: deps setup kernel git-filter gl-libs lock candidate demo test test-unit test-slow test-all lint typecheck ui lab bench gpu-check \
 	clean help server server-stop report
 
 help:
@@ -68,6 +68,7 @@ help:
 	@echo "make lint       ruff and the import-linter layer contracts; make typecheck: mypy"
 	@echo "make setup      the environment; TORCH=auto|cpu|cu126|cu128|cu130|pypi (docs/gpu-servers.md)"
 	@echo "make lock       refresh requirements/lock.txt (pip-compile; ARGS=--upgrade for newer)"
+	@echo "make candidate  UPGRADE=PACKAGE==VERSION: a second venv with one upgrade, as a kernel"
 	@echo "make gpu-check  GPU server check, <= 8 min: CUDA vs CPU, FP16 export, determinism, ..."
 
 deps: $(DEPS_STAMP)
@@ -137,14 +138,39 @@ gl-libs:
 # the CPU wheel from pip's configuration with TORCH_INDEX=none.
 CPU_INDEX = $(shell $(call TORCH_ROUTE,index-url,cpu) 2>/dev/null)
 comma := ,
-lock: setup
-	CUSTOM_COMPILE_COMMAND="make lock" "$(VENV)/bin/pip-compile" --quiet --strip-extras \
+PIP_COMPILE = CUSTOM_COMPILE_COMMAND="make lock" "$(VENV)/bin/pip-compile" --quiet --strip-extras \
 	  $(foreach extra,$(subst $(comma), ,$(EXTRAS)),--extra $(extra)) \
 	  --unsafe-package torch --unsafe-package pip --unsafe-package distribute \
 	  --no-emit-index-url --no-emit-find-links \
 	  -c <($(call TORCH_ROUTE,requirement,cpu)) \
 	  $(if $(CPU_INDEX),--extra-index-url $(CPU_INDEX)) \
-	  $(ARGS) -o $(LOCK) pyproject.toml
+	  $(2) -o $(1) pyproject.toml
+lock: setup
+	$(call PIP_COMPILE,$(LOCK),$(ARGS))
+
+# A candidate software stack beside the project's (docs/benchmarks.md#upgrades): today's lock
+# with one upgrade, in its own virtualenv, registered in this one's Jupyter as the kernel
+# workbench-<package>-<version>, so that a verification sweep trains A in today's stack and B
+# in the candidate's: make candidate UPGRADE=mlflow==3.18.0. The candidate lock is
+# pip-compiled from requirements/lock.txt with --upgrade-package (whatever the upgrade needs
+# moves with it, the rest stays); a torch upgrade keeps the lock and changes the release
+# scripts/torch_build.py installs (WORKBENCH_TORCH_VERSION). Everything lands in
+# experiments/candidates/<package>-<version>/ (lock.txt, venv/).
+UPGRADE ?=
+CANDIDATE = $(subst ==,-,$(UPGRADE))
+CANDIDATE_DIR = experiments/candidates/$(CANDIDATE)
+CANDIDATE_TORCH = $(if $(filter torch==%,$(UPGRADE)),$(subst torch==,,$(UPGRADE)))
+candidate: setup
+	@case "$(UPGRADE)" in ?*==?*) ;; *) echo "workbench: error: UPGRADE='$(UPGRADE)': name one upgrade as PACKAGE==VERSION, e.g. make candidate UPGRADE=mlflow==3.18.0" >&2; exit 2;; esac
+	mkdir -p "$(CANDIDATE_DIR)"
+	cp $(LOCK) "$(CANDIDATE_DIR)/lock.txt"
+	$(if $(CANDIDATE_TORCH),,$(call PIP_COMPILE,"$(CANDIDATE_DIR)/lock.txt",--upgrade-package '$(UPGRADE)'))
+	WORKBENCH_TORCH_VERSION=$(CANDIDATE_TORCH) $(MAKE) --no-print-directory deps \
+	  VENV="$(CANDIDATE_DIR)/venv" LOCK="$(CANDIDATE_DIR)/lock.txt"
+	"$(CANDIDATE_DIR)/venv/bin/python" -m pip install -q --no-deps -e .
+	"$(CANDIDATE_DIR)/venv/bin/python" -m pip check
+	"$(CANDIDATE_DIR)/venv/bin/python" -m ipykernel install --prefix "$(VENV)" \
+	  --name "workbench-$(CANDIDATE)" --display-name "Python (workbench, $(UPGRADE))"
 
 demo: setup
 	"$(PY)" -m workbench sweep experiment=demo sweep=demo $(ARGS)

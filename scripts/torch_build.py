@@ -24,6 +24,7 @@ Exit codes: 0; 2 for an unknown build name (one ``workbench: error:`` line).
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import re
 import shutil
@@ -34,6 +35,8 @@ from dataclasses import dataclass
 
 # The torch release the project is tested with (every route installs exactly this one).
 TORCH_VERSION = "2.13.0"
+# A candidate stack's release instead (make candidate UPGRADE=torch==VERSION sets it).
+TORCH_VERSION = os.environ.get("WORKBENCH_TORCH_VERSION") or TORCH_VERSION
 PYTORCH_INDEX = "https://download.pytorch.org/whl"
 # PyTorch's CUDA builds of TORCH_VERSION -> the CUDA level each needs from the driver.
 CUDA_BUILDS: dict[str, tuple[int, int]] = {"cu126": (12, 6), "cu128": (12, 8), "cu130": (13, 0)}
