@@ -44,7 +44,7 @@ from workbench.envs.cores import auto_torch_threads
 from workbench.envs.vector import make_envs
 
 # name -> workbench overrides. "default" is conf/ as shipped; "sb3-b64" is SB3's PPO defaults
-# with 8 envs and 256-step rollouts (the reference figures of docs/benchmarks.md).
+# with 8 envs and 256-step rollouts.
 CONFIGS: dict[str, list[str]] = {
     "default": ["env=halfcheetah"],
     "default-1thread": ["env=halfcheetah", "torch_threads=1"],

@@ -116,7 +116,7 @@ def tuning_text(args: argparse.Namespace, study: str, best_text: str) -> str:
         f"# Found by study {study}, written by benchmarks/tune_time_to_reward.py --write-tuning:",
         f"#   {command}",
         *provenance,
-        "# The figures: docs/benchmarks.md#the-mujoco-suite",
+        f"# The figures: docs/benchmarks/{args.task}.md",
     ]
     values = {"env": body["env"], "algo": {k: v for k, v in body["algo"].items()
                                              if k != "name"}}

@@ -13,15 +13,15 @@ says what fills it:
   ``benchmarks/reference/FILE.json`` (``{"tables": {TABLE: {"headers": [...], "rows":
   [[...]], "notes": "..."}}}``, with the ``command``, ``commit``, ``date`` and ``machine``
   every benchmark writes through ``benchmarks/harness.py``; a machine without a ``cpu`` is
-  named by its ``description``), and a line under it naming the command, the machine, the
-  date and the commit. A table measured apart from the rest of its file carries its own
-  ``command``, ``commit``, ``date`` or ``machine``; one whose rows come from several
-  measurements carries ``sources`` (``[{"label", "command", "date", "commit"}]``), listed
-  under it instead of the line. A cell ``{"ref": "FILE/TABLE", "row": LABEL, "column":
-  HEADER}`` is that cell of another table (its row whose first cell is LABEL), ``{"ref":
-  "FILE/TABLE", "field": "date"}`` (or ``commit``, ``command``; with ``"row"``, that row's
-  source's) where that table was measured, and a list of cells their texts joined: a
-  figure shown twice has one home. Such a table lists each row's commands under it;
+  named by its ``description``), and under it its ``notes`` and a sentence naming the
+  command, the machine, the date and the commit. A table measured apart from the rest of
+  its file carries its own ``command``, ``commit``, ``date`` or ``machine``; one whose rows
+  come from several measurements carries ``sources`` (``[{"label", "command", "date",
+  "commit"}]``), listed under it instead of the sentence. A cell ``{"ref": "FILE/TABLE",
+  "row": LABEL, "column": HEADER}`` is that cell of another table (its row whose first cell
+  is LABEL), ``{"ref": "FILE/TABLE", "field": "date"}`` (or ``commit``, ``command``; with
+  ``"row"``, that row's source's) where that table was measured, and a list of cells their
+  texts joined: a figure shown twice has one home. Such a table lists each row's commands;
 - ``modules``: every module of ``lib/workbench`` with the first line of its docstring (the
   map in docs/architecture.md);
 - ``package:NAME``: the modules of ``lib/workbench/NAME`` with their first lines (that
@@ -216,9 +216,12 @@ def table(name: str) -> str:
         used: list[dict[str, Any]] = []
         lines.append("| " + " | ".join(cell(text(c, used)) for c in row) + " |")
         per_row.append((text(row[0]), used))
-    notes = found.get("notes")
-    return "\n".join([*lines, "", *([notes, ""] if notes else []),
-                      *sources_list(found, per_row)]) + "\n"
+    notes, where_from = found.get("notes"), sources_list(found, per_row)
+    if notes and len(where_from) == 1:  # one paragraph: what was measured, then by what
+        where_from = [f"{notes} {where_from[0]}"]
+    elif notes:
+        where_from = [notes, "", *where_from]
+    return "\n".join([*lines, "", *where_from]) + "\n"
 
 
 def tests_line() -> str:

@@ -68,8 +68,8 @@ def test_the_header_says_when_the_shipped_defaults_trail_the_zoo(
     monkeypatch.setattr("workbench.training.describe.TRAILING_TASKS", ("humanoid_standup",))
     monkeypatch.setattr("workbench.training.describe.MEASURED_TASKS", ("hopper",))
     assert untested_defaults_note(load_config(["env=humanoid_standup"])) == (
-        "the shipped defaults trail rl-baselines3-zoo on humanoid_standup (docs/benchmarks.md, "
-        "the suite row by row); rl-baselines3-zoo's tuned values: "
+        "the shipped defaults trail rl-baselines3-zoo on humanoid_standup "
+        "(docs/benchmarks.md#at-a-glance); rl-baselines3-zoo's tuned values: "
         "experiment=zoo_humanoid_standup")
     assert untested_defaults_note(load_config(["env=ant"])) == (
         "the shipped defaults are untested on ant (measured on hopper and humanoid_standup "

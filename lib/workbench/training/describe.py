@@ -44,7 +44,7 @@ def untested_defaults_note(cfg: WorkbenchConfig) -> str | None:
         return None
     if cfg.env.name in TRAILING_TASKS:
         note = (f"the shipped defaults trail rl-baselines3-zoo on {cfg.env.name} "
-                "(docs/benchmarks.md, the suite row by row)")
+                "(docs/benchmarks.md#at-a-glance)")
     else:
         measured = (*MEASURED_TASKS, *TRAILING_TASKS)
         note = (f"the shipped defaults are untested on {cfg.env.name} (measured on "
