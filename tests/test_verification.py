@@ -117,6 +117,26 @@ def test_two_kernels_are_two_sides_of_one_configuration() -> None:
                           f"sweep.kernel={SECOND}"]).sweep_id != plain  # another stack
 
 
+@pytest.mark.unit
+def test_a_report_keeps_one_configuration_in_two_stacks_apart() -> None:
+    """Both stacks' runs share a config id (the learning problem is the same); the report
+    shows them as two points, by the kernel each ran in."""
+    from workbench.config import CONFIG_ID_TAG
+    from workbench.review import records
+
+    def run(kernel: str, seed: int) -> records.RunRecord:
+        name = f"{kernel}-s{seed}"
+        tags = {"env": "hopper", "seed": str(seed), "sweep.point": name, CONFIG_ID_TAG: "c0ffee",
+                "sweep.grid.sweep.kernel": kernel, **({"sweep.kernel": kernel}
+                                                      if kernel != "workbench" else {})}
+        return records.RunRecord(run_id=name, name=name, experiment_id="0", status="FINISHED",
+                                 start_ms=0, end_ms=1, tags=tags, params={}, metrics={})
+
+    points = records.group_points([run(k, s) for s in (0, 1) for k in ("workbench", SECOND)])
+    assert sorted((p.label, len(p.runs)) for p in points) == [
+        ("kernel=workbench", 2), (f"kernel={SECOND}", 2)]
+
+
 def test_a_missing_kernel_or_one_without_the_workbench_is_one_line(
         kernels: Path, bare_store: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for kernel, line in [

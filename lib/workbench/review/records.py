@@ -30,6 +30,7 @@ from workbench.review.configurations import Across, GridLayout
 from workbench.review.diagnostics import Bottleneck, Diagnostic, Series, Thresholds
 from workbench.review.tradeoff import Tradeoff, TradeoffOptions
 from workbench.review.videos import PointVideo, point_videos
+from workbench.sweeps.kernels import KERNEL_KEY
 from workbench.tracking.manifest import MANIFEST_FILE, headline_tags
 from workbench.tracking.manifest_diff import comparable
 from workbench.tracking.redaction import redact_uri
@@ -353,8 +354,8 @@ class Report:
 
 def group_points(runs: Sequence[RunRecord], layout: GridLayout = GridLayout()  # noqa: B008
                  ) -> list[Point]:
-    """Runs grouped into configurations: same ``workbench.config_id`` (runs without one,
-    older ones: same params except seed and bookkeeping), in grid order.
+    """Runs grouped into configurations: same ``workbench.config_id`` and kernel (runs
+    without a config id, older ones: same params except seed and bookkeeping), in grid order.
 
     Labels name the grid keys that vary (``lr=1e-4 env=hopper``,
     :func:`configurations.label_keys`); a num_envs x n_steps sweep and runs without grid tags
@@ -369,7 +370,9 @@ def group_points(runs: Sequence[RunRecord], layout: GridLayout = GridLayout()  #
     for index, run in enumerate(runs):
         legacy = (base_label(run), *(f"{k}={run.params.get(k, '-')}" for k in varying))
         config_id = run.tags.get(CONFIG_ID_TAG)
-        key = ("config", config_id) if config_id else ("runs", *legacy)
+        # one configuration in two software stacks (sweep.kernel) is two points
+        key = ("config", config_id, run.tags.get(KERNEL_KEY, "")) if config_id else \
+            ("runs", *legacy)
         groups.setdefault(key, []).append(run)
         if key not in names:
             label = legacy[0] + ("  " + ", ".join(legacy[1:]) if len(legacy) > 1 else "")
