@@ -199,12 +199,16 @@ def return_line(j: Judgement) -> str:
     unit = " of A's IQM" if j.margin.relative else ""
     interval = (f"{j.confidence} interval of B - A: {shown(j.low, j.margin)} to "
                 f"{shown(j.high, j.margin)}{unit}")
-    if j.verdict == NOT_WORSE:
-        better = "; B is better" if j.better else ""
-        return f"B is not worse than A by more than {margin} ({interval}; {counted(j)}){better}"
-    if j.verdict == WORSE:
-        return f"B is worse than A by more than {margin} ({interval}; {counted(j)})"
-    return f"undecided: {more_text(j)} ({interval} holds -{margin}; {counted(j)})"
+    return by_verdict(
+        j, f"B is not worse than A by more than {margin} ({interval}; {counted(j)})"
+        + ("; B is better" if j.better else ""),
+        f"B is worse than A by more than {margin} ({interval}; {counted(j)})",
+        f"undecided: {more_text(j)} ({interval} holds -{margin}; {counted(j)})")
+
+
+def by_verdict(j: Judgement, not_worse: str, worse: str, undecided: str) -> str:
+    """The words of ``j``'s verdict."""
+    return {NOT_WORSE: not_worse, WORSE: worse}.get(j.verdict, undecided)
 
 
 def time_line(j: Judgement) -> str:
@@ -216,12 +220,11 @@ def time_line(j: Judgement) -> str:
         return f"time to {j.target:g} undecided ({counted(j)}): {j.reason}"
     ratio = f"{reach} in {j.estimate:.2f}× A's time [{j.low:.2f}, {j.high:.2f}]"
     where = f"({j.confidence}, {counted(j)})"
-    if j.verdict == NOT_WORSE:
-        faster = "; B is faster" if j.better else ""
-        return f"{ratio}: not slower than A by more than {margin} {where}{faster}"
-    if j.verdict == WORSE:
-        return f"{ratio}: B is slower than A by more than {margin} {where}"
-    return f"{ratio}: undecided, {more_text(j)} {where}"
+    return by_verdict(
+        j, f"{ratio}: not slower than A by more than {margin} {where}"
+        + ("; B is faster" if j.better else ""),
+        f"{ratio}: B is slower than A by more than {margin} {where}",
+        f"{ratio}: undecided, {more_text(j)} {where}")
 
 
 def verdict_of(test: Contrast, level: float) -> str:
