@@ -114,7 +114,7 @@ def repeated_dict_key(text: str) -> str | None:
     repeated: list[str] = []
 
     class Visitor(HydraOverrideVisitor):  # type: ignore[misc]
-        def visitDictContainer(self, ctx: Any) -> Any:  # noqa: N802 (ANTLR's name)
+        def visitDictContainer(self, ctx: Any) -> Any:  # ANTLR's name
             keys = [str(self.visitDictKey(ctx.getChild(i).getChild(0)))
                     for i in range(1, ctx.getChildCount() - 1, 2)]
             repeated.extend(k for i, k in enumerate(keys) if k in keys[:i])
@@ -126,7 +126,7 @@ def repeated_dict_key(text: str) -> str | None:
     parser.removeErrorListeners()
     try:
         Visitor(OverridesParser.create().functions).visit(parser.override())
-    except Exception:  # noqa: BLE001  (not an override: config.compose says why)
+    except Exception:  # not an override: config.compose says why
         return None
     return repeated[0] if repeated else None
 
