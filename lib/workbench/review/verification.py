@@ -31,6 +31,7 @@ from workbench.review.compare_request import Ref
 from workbench.review.comparison import Comparison, compare, render_text
 from workbench.review.noninferiority import NOT_WORSE, WORSE, Judgement
 from workbench.review.records import Section, open_store
+from workbench.sweeps.point import ClusterLost
 from workbench.sweeps.request import SweepRequest, check_request, override_key, side_name
 from workbench.sweeps.sweep import run_sweep
 from workbench.tracking.store import MAX_TAG_VALUE_LENGTH, resolve_tracking_uri, truncate
@@ -252,7 +253,11 @@ def run_command(request: SweepRequest, overrides: Sequence[str], yes: bool) -> i
     """``workbench sweep sweep=verify ...``: the stages, then the comparison and the verdict;
     exit 0 when B is not worse (and no slower), 1 otherwise (worse, slower, undecided at the
     cap, or stopped)."""
-    result = run_verification(request, overrides, yes)
+    try:
+        result = run_verification(request, overrides, yes)
+    except ClusterLost as exc:  # a Ray head that stopped answering: as workbench sweep says
+        print(f"workbench: {printable(str(exc))}", file=sys.stderr)
+        return EXIT_NOT_TAKEN
     if result.comparison is not None:
         print("\n" + render_text(result.comparison), end="")
     done = result.stages[-1].seeds if result.stages else 0
