@@ -148,6 +148,13 @@ def test_wrong_type_names_key_and_expected_type() -> None:
         load_config(["env.num_envs=abc"])
 
 
+@pytest.mark.unit
+def test_sweep_syntax_in_one_run_points_to_the_sweep() -> None:
+    with pytest.raises(ConfigError, match=r"several values for one run; sweep them with "
+                                          r"`workbench sweep algo.gamma=0.9,0.99`"):
+        load_config(["algo.gamma=0.9,0.99"])
+
+
 def test_bad_input_through_real_process(bare_store: Path) -> None:
     proc = run_cli("train", "env=halfcheeta")
     assert proc.returncode == 2

@@ -687,3 +687,21 @@ def test_ctrl_c_reports_each_point_once(monkeypatch: pytest.MonkeyPatch, tmp_pat
     with pytest.raises(KeyboardInterrupt):
         LocalExecutor(workers=2).run(specs, tmp_path, report)
     assert sorted(reported) == ["first", "second"]
+
+
+@pytest.mark.unit
+def test_hydra_s_own_sweep_syntax_is_the_same_grid() -> None:
+    """`key=a,b`, range(), choice() and glob() as every Hydra user writes them: the same
+    points and sweep id as the sweep.grid dict they stand for."""
+    hydra = check_request(["algo.learning_rate=1e-4,3e-4", "env=hopper,walker2d",
+                           "algo.n_epochs=range(3,5)", "sweep.seeds=[0,1]"])
+    as_dict = check_request(["sweep.grid={algo.learning_rate:[1e-4,3e-4],env:[hopper,walker2d],"
+                             "algo.n_epochs:[3,4]}", "sweep.seeds=[0,1]"])
+    assert [p.name for p in hydra.points] == [p.name for p in as_dict.points]
+    assert len(hydra.points) == 16 and hydra.sweep_id == as_dict.sweep_id
+    globbed = check_request(["env=glob([walker*,hop*])", "algo.gamma=choice(0.99,0.999)"])
+    assert sorted({p.env for p in globbed.points}) == ["hopper", "walker2d"]
+    with pytest.raises(ConfigError, match=r"^algo.gamma=interval\(0.9,1\): an interval is not"):
+        check_request(["algo.gamma=interval(0.9,1)"])
+    with pytest.raises(ConfigError, match="seed"):
+        check_request(["seed=0,1"])  # seeds are sweep.seeds, as in the dict form

@@ -180,6 +180,11 @@ def check_overrides(overrides: Sequence[str]) -> None:
                 f"override {text!r}: cannot parse ({first}); write key=value, e.g. seed=3"
             ) from exc
         key = override.key_or_group
+        if override.is_sweep_override():  # key=a,b: several runs, which a sweep makes
+            raise ConfigError(
+                f"override {text!r}: several values for one run; sweep them with "
+                f"`workbench sweep {text}`, or write a list value as {key}=[...]"
+            )
         if override.is_add() or override.is_force_add() or override.is_delete():
             continue  # the user asked for Hydra's explicit append/delete semantics
         if key in CHOSEN_GROUPS and override.value() is None:

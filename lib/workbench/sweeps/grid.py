@@ -85,6 +85,51 @@ def repeated_key(key: str) -> ConfigError:
                        f"values in one list (e.g. sweep.grid.{key}=[a,b])")
 
 
+def hydra_sweeps(overrides: Sequence[str]) -> list[str]:
+    """``overrides`` with Hydra's own sweep syntax turned into grid axes.
+
+    ``key=a,b,c``, ``key=range(1,4)``, ``key=choice(a,b)`` and, for a config group,
+    ``env=glob(h*)``, as every Hydra user writes them (Hydra's override parser and sweep
+    iterator enumerate the values), become one ``sweep.grid={...}`` in the order given, or
+    ``sweep.grid.<key>=[...]`` beside a ``sweep.grid`` dict of the same command line: the
+    same grid as the ``sweep.grid`` form. An interval (``interval(0,1)``) has no list of
+    values to sweep: bad input.
+    """
+    from types import SimpleNamespace
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+
+    parser = OverridesParser.create()
+    plain: list[str] = []
+    axes: list[str] = []
+    for text in overrides:
+        try:
+            override = parser.parse_override(text)
+        except Exception:  # not an override: composing it says why, in one line
+            plain.append(text)
+            continue
+        if not override.is_sweep_override():
+            plain.append(text)
+            continue
+        key = override.key_or_group
+        if override.value_type == ValueType.INTERVAL_SWEEP:
+            raise ConfigError(f"{text}: an interval is not a list of values to sweep; write "
+                              f"{key}=a,b,c, {key}=range(START,STOP,STEP) or {key}=choice(a,b)")
+        # glob() lists the group's options through a config loader: the workbench's own list
+        override.config_loader = SimpleNamespace(
+            get_group_options=lambda group, results_filter=None: config.group_options(group))
+        values = list(override.sweep_iterator())
+        if not values:
+            raise ConfigError(f"{text}: sweeps no value; e.g. {key}=a,b")
+        axes.append(f"{key}:{hydra_value(values)}")
+    if not axes:
+        return plain
+    if any(override_key(text) == "sweep.grid" for text in plain):  # beside a sweep.grid dict
+        return plain + [f"sweep.grid.{axis.replace(':', '=', 1)}" for axis in axes]
+    return [*plain, "sweep.grid={" + ",".join(axes) + "}"]  # one dict: the keys in order
+
+
 def check_unique_keys(overrides: Iterable[str]) -> None:
     """Every grid key once on the command line: in two overrides of it, or twice in one
     dict (``sweep.grid={algo.gamma:[0.9],algo.gamma:[0.99]}``), Hydra keeps the last."""

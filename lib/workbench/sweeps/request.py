@@ -232,7 +232,7 @@ def check_request(overrides: Sequence[str], yes: bool = False) -> SweepRequest:
     invalid (e.g. a rollout smaller than ``algo.batch_size``) is only reported: it fails
     alone, in its notebook, while the valid points run.
     """
-    overrides = list(overrides)
+    overrides = grid.hydra_sweeps(overrides)  # key=a,b and range(): sweep.grid axes
     shared = [o for o in overrides if not is_sweep_override(o)]
     grid.check_not_overridden([], shared, "on the command line")  # seed, run name: before all
     grid.check_unique_keys(overrides)
