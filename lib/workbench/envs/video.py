@@ -200,7 +200,7 @@ class FrameSource:
 
     def configure_scene(self) -> None:
         """Shadows and reflections off unless asked for: on a software renderer they take
-        most of the frame's time (docs/benchmarks.md#rollout-videos)."""
+        most of the frame's time (docs/benchmarks/costs.md#rollout-videos)."""
         if self.settings.shadows:
             return
         import mujoco

@@ -32,7 +32,7 @@ whose names look like credentials are never recorded and their values are masked
 they appear; URIs lose their password; ``name=value`` pairs with credential-like names lose
 their value.
 
-Collection is kept cheap (docs/benchmarks.md#manifest-and-deterministic-mode):
+Collection is kept cheap (docs/benchmarks/costs.md#manifest-and-deterministic-mode):
 package versions are read from the distributions' metadata headers, not parsed as e-mail
 messages, and git is asked once with ``status --porcelain=v2 --branch``.
 """

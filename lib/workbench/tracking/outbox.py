@@ -13,7 +13,7 @@ Design (a training neither dies after minutes of retries nor silently drops metr
    Consecutive metric batches (one per PPO iteration) are merged into one ``log_batch`` call
    at most every ``batch_interval_s`` (1 s): a call costs the store about the same CPU whatever
    its size, and a longer interval bought nothing measurable while heartbeats, tags and
-   outage detection queued behind it (docs/benchmarks.md#tracking-overhead).
+   outage detection queued behind it (docs/benchmarks/costs.md#tracking-overhead).
 3. **Only an acknowledged write leaves the journal.** A refusal is judged first
    (:mod:`workbench.tracking.rejection`): a refused login is retried like an outage, a run
    the store lost is re-created from the journal, a run in the store's trash waits, and only

@@ -33,7 +33,7 @@ class LocalsFreeCallback(BaseCallback):
     list, which copies them into its ``locals`` dict and then into every child's. In a
     ``CallbackList`` (how SB3 runs a list of callbacks) the children's dict *is* the list's, so
     each child's copy re-writes that dict with its own contents: ~1 µs per callback per step
-    for nothing (docs/benchmarks.md#the-workbenchs-own-cost). Such a callback skips it; in a
+    for nothing (docs/benchmarks/costs.md#the-workbenchs-own-cost). Such a callback skips it; in a
     list its ``locals`` stay exactly SB3's, and alone it never reads them.
     """
 

@@ -20,8 +20,9 @@ and ``state.json`` (all other values, the SHA-256 of the two files). ``state.jso
 uploaded last: a checkpoint without it is incomplete and ignored.
 
 A snapshot is captured in memory at every iteration boundary (cheap:
-docs/benchmarks.md#robustness-costs) and written every ``checkpoint.every_steps`` steps, at the end
-of training, and when training is interrupted or fails (the last good boundary).
+docs/benchmarks/costs.md#robustness-costs) and written every ``checkpoint.every_steps``
+steps, at the end of training, and when training is interrupted or fails (the last good
+boundary).
 
 Each written checkpoint also becomes an MLflow logged model (workbench.tracking.logged_models).
 With ``checkpoint.keep=best`` each checkpoint written every ``every_steps`` steps and at the
