@@ -13,6 +13,7 @@ import re
 import struct
 from pathlib import Path
 
+import gymnasium
 import nbformat
 import papermill
 import pytest
@@ -21,7 +22,9 @@ from nbclient import NotebookClient
 from papermill.exceptions import PapermillExecutionError
 from papermill.iorw import load_notebook_node
 from papermill.parameterize import parameterize_notebook
+from stable_baselines3.common.vec_env import DummyVecEnv
 from workbench import notebook
+from workbench.envs import robots  # noqa: F401  (registers the workbench's own ids)
 from workbench.notebook import CurveHistory, ParameterError, check_parameters
 from workbench.training.trainer import TrainResult, summary_rows
 
@@ -263,6 +266,23 @@ def test_render_curves_gives_a_png_legible_unscaled_at_1280_px() -> None:
     figure = notebook.curves_figure({"train/entropy": [(1, 0.5)]}, total=4)
     labels = [t for ax in figure.axes for t in [*ax.get_xticklabels(), *ax.get_yticklabels()]]
     assert min(t.get_fontsize() for t in labels) * notebook.CURVES_DPI / 72 >= 12  # px
+
+
+@pytest.mark.unit
+def test_a_commanded_quantity_gets_a_panel_of_achieved_and_commanded() -> None:
+    """The walking duck tracks its speed and yaw rate against the command: one panel each,
+    the achieved curve and the commanded one; an odd panel count leaves the last cell empty."""
+    env = DummyVecEnv([lambda: gymnasium.make("Workbench/MiniDuckWalk-v0")])
+    panels = notebook.commanded_curves(env)
+    env.close()
+    assert [key for key, _ in panels] == ["track/speed|track/command_speed",
+                                          "track/yaw_rate|track/command_yaw_rate"]
+    points = {"track/speed": [(1, 0.1), (2, 0.15)], "track/command_speed": [(1, 0.2), (2, 0.2)]}
+    figure = notebook.curves_figure(points, total=2, curves=[*notebook.CURVES, panels[0]])
+    shown = [ax for ax in figure.axes if ax.get_visible()]
+    assert len(figure.axes) == 6 and len(shown) == 5
+    assert [line.get_label() for line in shown[4].get_lines()] == [
+        "track/speed", "track/command_speed"]
 
 
 # --------------------------------------------------------------------------- real execution

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,12 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 from workbench.config import ConfigError
-from workbench.envs.robots import MINI_DUCK_ID, importable_id, rendering
+from workbench.deploy import evaluation
+from workbench.deploy.walking import command_episodes, fixed_command, standing_actor
+from workbench.envs.calibration import choose_vec_env
+from workbench.envs.robots import MINI_DUCK_ID, MINI_DUCK_WALK_ID, importable_id, rendering
 from workbench.envs.robots.duck import MiniDuckEnv, RewardWeights
+from workbench.envs.robots.duck_walk import MiniDuckWalkEnv
 from workbench.envs.robots.rendering import RenderingUnavailable
 from workbench.envs.spec import EnvSpec
 from workbench.envs.vector import make_envs, make_eval_env
@@ -124,6 +129,13 @@ def test_reward_components_sum_exactly_to_the_reward() -> None:
 
 # The standing keyframe's servo targets as a normalized action (hip -0.4, knee 0.8, ankle -0.4).
 STAND_ACTION = np.array([0, -0.25, 0, -0.5] * 2, dtype=np.float32)
+
+
+@pytest.mark.unit
+def test_the_env_s_stand_action_is_the_standing_keyframe() -> None:
+    env = make()
+    assert env.unwrapped.stand_action() == pytest.approx(STAND_ACTION)
+    env.close()
 
 
 @pytest.mark.unit
@@ -385,3 +397,114 @@ def test_short_training_beats_random_and_untrained(store: Path, tmp_path: Path) 
     clip = [m.value for m in client.get_metric_history(result.run_id, "train/clip_fraction")]
     high = [value > Thresholds().clip_fraction_max for value in clip]
     assert sum(high) <= len(clip) // 4, clip
+
+
+# --------------------------------------------------------------------------- walking on command
+
+
+def walker(**kwargs: Any) -> MiniDuckWalkEnv:
+    env = gymnasium.make(MINI_DUCK_WALK_ID, **kwargs).unwrapped
+    assert isinstance(env, MiniDuckWalkEnv)
+    return env
+
+
+@pytest.mark.unit
+def test_the_walking_duck_sees_its_command_and_clock() -> None:
+    env = walker(resample_s=0.1, gait_hz=1.0)
+    obs, _ = env.reset(seed=3)
+    assert obs.shape == env.observation_space.shape == (35,)
+    np.testing.assert_array_equal(obs[31:33], env.command)  # forward speed, yaw rate
+    np.testing.assert_allclose(obs[33:], [0.0, 1.0])  # the clock starts at phase 0
+    first = env.command.copy()
+    assert env.speed_range[0] <= first[0] <= env.speed_range[1]
+    for _ in range(5):  # 0.1 s: a new command from the task's own stream
+        obs, *_ = env.step(STAND_ACTION)
+    assert not np.array_equal(env.command, first)
+    np.testing.assert_array_equal(obs[31:33], env.command)
+    np.testing.assert_allclose(obs[33:], [np.sin(2 * np.pi * 0.1), np.cos(2 * np.pi * 0.1)])
+    again = walker(resample_s=0.1, gait_hz=1.0)
+    again.reset(seed=3)
+    np.testing.assert_array_equal(again.command, first)  # the seed decides the commands
+    contract = env.workbench_contract()
+    assert len(contract["observation"]) == 35
+    assert [c["name"] for c in contract["commands"]] == ["command.forward_speed",
+                                                         "command.yaw_rate"]
+    assert contract["observation"][31]["name"] == "command.forward_speed"
+
+
+@pytest.mark.unit
+def test_the_walking_reward_tracks_the_command() -> None:
+    env = walker(speed_range=[0.2, 0.2], yaw_rate_range=[0.5, 0.5], standstill_share=0.0)
+    env.reset(seed=0)
+    _, reward, _, _, info = env.step(STAND_ACTION)
+    components = info["reward_components"]
+    assert tuple(components) == MiniDuckWalkEnv.reward_component_names
+    assert reward == sum(components.values())
+    tracked = info["tracked"]
+    assert (tracked["command_speed"], tracked["command_yaw_rate"]) == (0.2, 0.5)
+    assert components["track_speed"] == pytest.approx(
+        2.0 * max(0.0, 1 - abs(tracked["speed"] - 0.2) / 0.25))
+    # The heading frame: moving along the torso's heading is forward speed, whatever its yaw.
+    yaw = 0.7
+    env.data.qpos[3:7] = [np.cos(yaw / 2), 0, 0, np.sin(yaw / 2)]
+    env.data.qvel[:6] = [0.3 * np.cos(yaw), 0.3 * np.sin(yaw), 0, 0, 0, 0.4]
+    forward, sideways, yaw_rate = env.heading_velocity()
+    assert (forward, sideways, yaw_rate) == pytest.approx((0.3, 0.0, 0.4))
+    # The gait clock: the left foot down in the first half of a cycle, the right in the second.
+    env.elapsed = 0.1
+    assert env.gait_schedule() == (True, False)
+    env.elapsed = 0.4
+    assert env.gait_schedule() == (False, True)
+    assert (env.gait_score((False, True)), env.gait_score((True, True))) == (1.0, 0.0)
+    env.command = np.zeros(2)
+    assert env.gait_schedule() == (True, True)  # a standstill: both feet down
+    assert (env.gait_score((True, True)), env.gait_score((False, True))) == (1.0, 0.0)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("override", "line"), [
+    ("env.kwargs.speed_range=[0.3,0.1]", "speed_range=[0.3, 0.1]: the lower bound exceeds the "
+                                         "upper; e.g. speed_range=[0.1, 0.3]"),
+    ("+env.kwargs.speed_rnage=[0,1]", "speed_rnage: not a setting of the walking duck"),
+    ("env.kwargs.resample_s=-1", "resample_s=-1: must be > 0"),
+    ("+env.kwargs.reward_weights.track=1", "reward_weights.track: unknown reward component"),
+])
+def test_a_bad_walking_setting_is_one_line(override: str, line: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(line)):
+        load_config(["env=duck_walk", override])
+
+
+def test_the_walking_preset_composes_randomized_and_batched() -> None:
+    cfg = load_config(["experiment=duck_walk"])
+    assert cfg.env.randomization.friction == [0.6, 1.4]
+    assert choose_vec_env(EnvSpec.from_config(cfg)).name == "batched"
+
+
+# The short walking training: its steps, and how much farther (m, over 5 s commanded 0.2 m/s
+# forward) its policy must go than standing or random actions.
+WALK_STEPS, WALK_MARGIN = 150_000, 0.1
+
+
+@pytest.mark.slow
+def test_a_short_walking_training_goes_forward_more_than_standing(store: Path,
+                                                                  tmp_path: Path) -> None:
+    """The preset trained briefly, then commanded 0.2 m/s forward: its policy covers more
+    ground than one that holds the standing pose and than random actions (learning, not
+    timing), and the run logs the commanded and achieved speed as curves."""
+    result = train(load_config(["experiment=duck_walk", f"total_timesteps={WALK_STEPS}",
+                                "video=off", "console.progress_bar=false",
+                                "console.iteration_lines=false", "eval.every_steps=0",
+                                "eval.final_episodes=2", "checkpoint.every_steps=0"]))
+    assert result.status == "FINISHED"
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    for key in ("track/command_speed", "track/speed", "reward/track_speed"):
+        assert client.get_metric_history(result.run_id, key), key
+    policy = evaluation.policy_of_run(client, result.run_id, tmp_path)
+    rng = np.random.default_rng(0)
+    actors = {"trained": policy.actor, "standing": standing_actor(policy.config),
+              "random": lambda obs: rng.uniform(-1, 1, (len(obs), 8)).astype(np.float32)}
+    distance = {name: float(np.mean([e.speed * e.seconds for e in command_episodes(
+        actor, policy.config, fixed_command(0.2, 0.0), count=4, seed=100, max_steps=250)]))
+        for name, actor in actors.items()}
+    assert distance["trained"] > max(distance["standing"], distance["random"]) + WALK_MARGIN, \
+        distance

@@ -30,6 +30,7 @@ from workbench.sweeps.point import point_tags_from_env
 from workbench.tracking.store import make_client
 from workbench.tracking.writer import LATE_PREFIXES, late_prefixes, numeric_items
 from workbench.training import algorithms
+from workbench.training.callbacks import reward_component_names
 from workbench.training.faults import TrainingInterrupted
 from workbench.training.trainer import summary_rows
 from workbench.tuning.trial import CHECK_ENV, TrialSession, open_check, open_trial
@@ -64,6 +65,7 @@ REWARD_CURVE = ("rollout/ep_rew_mean", "episode reward (mean)")
 # PPO's panels; other algorithms show their own (training/algorithms.py, Algorithm.curves)
 CURVES: tuple[tuple[str, str], ...] = (REWARD_CURVE, *algorithms.algorithm("ppo").curves)
 EVAL_KEY = "eval/mean_reward"
+COMMANDED_WITH = "|"  # a panel of two keys: achieved, then commanded (dashed)
 # The report's diagnostic thresholds, drawn in: a clip fraction near or above 0.3, or an approx
 # KL above 0.05, means each update moves the policy too far.
 WARNING_LINES = {"train/clip_fraction": Thresholds().clip_fraction_max,
@@ -303,9 +305,10 @@ class LiveCurves(BaseCallback):
 
     def _on_training_start(self) -> None:
         algorithm = algorithms.of_model(self.model)
-        self.curves = (REWARD_CURVE, *algorithm.curves)
-        self.history = CurveHistory([key for key, _ in self.curves] + [EVAL_KEY],
-                                    self._maybe_draw, late_prefixes(algorithm.off_policy))
+        self.curves = (REWARD_CURVE, *algorithm.curves, *commanded_curves(self.training_env))
+        keys = [key for curve in self.curves for key in curve[0].split(COMMANDED_WITH)]
+        self.history = CurveHistory([*keys, EVAL_KEY], self._maybe_draw,
+                                    late_prefixes(algorithm.off_policy))
         # SB3's Logger keeps its writers in the public ``output_formats`` list.
         self.logger.output_formats.append(self.history)
         self.total = int(self.locals.get("total_timesteps", 0))
@@ -381,6 +384,15 @@ def display_handle() -> Any:
     return display("learning curves appear after the first logged update", display_id=True)
 
 
+def commanded_curves(venv: Any) -> list[tuple[str, str]]:
+    """A panel per commanded quantity the env tracks (``tracked_quantities`` with
+    ``command_<name>`` beside ``<name>``, e.g. the walking duck's speed): achieved and
+    commanded, as ``"track/<name>|track/command_<name>"``."""
+    tracked = reward_component_names(venv, "tracked_quantities")
+    return [(f"track/{name}{COMMANDED_WITH}track/command_{name}", f"{name}: achieved, commanded")
+            for name in tracked if f"command_{name}" in tracked]
+
+
 def render_curves(points: Mapping[str, Sequence[tuple[int, float]]], total: int,
                   curves: Sequence[tuple[str, str]] = CURVES) -> bytes:
     """The four curves as a PNG (matplotlib's object API: no pyplot state, no double display)."""
@@ -401,13 +413,19 @@ def curves_figure(points: Mapping[str, Sequence[tuple[int, float]]], total: int,
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=CURVES_SIZE_IN, dpi=CURVES_DPI, layout="constrained")
+    rows = -(-len(curves) // 2)
+    figure = Figure(figsize=(CURVES_SIZE_IN[0], CURVES_SIZE_IN[1] * rows / 2), dpi=CURVES_DPI,
+                    layout="constrained")
     FigureCanvasAgg(figure)
-    axes = figure.subplots(2, 2, sharex=True).ravel()
+    axes = figure.subplots(rows, 2, sharex=True).ravel()
     last_step = max((step for series in points.values() for step, _ in series), default=0)
-    for ax, (key, title) in zip(axes, curves, strict=True):
-        steps, values = zip(*points.get(key, []), strict=True) if points.get(key) else ((), ())
-        ax.plot(steps, values, marker=".", label=key)
+    for ax, (panel, title) in zip(axes, curves, strict=False):
+        for key, style in zip(panel.split(COMMANDED_WITH), (".-", "--"), strict=False):
+            found = points.get(key)
+            steps, values = zip(*found, strict=True) if found else ((), ())
+            ax.plot(steps, values, style, label=key)
+        if COMMANDED_WITH in panel:
+            ax.legend(loc="upper left")
         ax.set_title(title)
         ax.grid(alpha=0.3)
         if total:
@@ -417,10 +435,12 @@ def curves_figure(points: Mapping[str, Sequence[tuple[int, float]]], total: int,
         steps, values = zip(*evals, strict=True)
         axes[0].plot(steps, values, "o--", label="eval (deterministic)")
         axes[0].legend(loc="upper left")  # a rising curve ends at the right: keep it clear
-    for ax, (key, _) in zip(axes, curves, strict=True):
+    for ax, (key, _) in zip(axes, curves, strict=False):  # more axes than curves: hidden
         if key in WARNING_LINES:
             ax.axhline(WARNING_LINES[key], color="tab:red", linestyle=":", linewidth=1)
-    for ax in axes[2:]:
+    for ax in axes[len(curves):]:
+        ax.set_visible(False)
+    for ax in axes[-2:]:
         ax.set_xlabel("environment steps")
     return figure
 

@@ -317,18 +317,24 @@ def evaluate_version(model: Any, train_env: VecEnv, eval_env: VecEnv, n_episodes
 
 
 class RewardComponentsCallback(BaseCallback):
-    """Per-iteration mean of each named reward component, recorded as ``reward/<name>``.
+    """Per-iteration mean of each named quantity an env reports in its step's ``info``,
+    recorded as ``<prefix>/<name>``: by default the reward components.
 
     Environments that shape their reward report the weighted terms in
     ``info["reward_components"]`` (they sum to the step's reward). Their means over every
     step of the rollout show *how* the return is earned, so reward hacking (a growing
     ``reward/forward`` made of jitter, an energy penalty that swamps progress) is visible
-    next to ``rollout/ep_rew_mean``.
+    next to ``rollout/ep_rew_mean``. A commanded task reports what it was told and what it
+    did in ``info["tracked"]`` (``track/<name>``: the walking duck's commanded and achieved
+    speed), so the run shows both as curves.
     """
 
-    def __init__(self, names: Sequence[str]) -> None:
+    def __init__(self, names: Sequence[str], info_key: str = "reward_components",
+                 prefix: str = "reward") -> None:
         super().__init__()
         self.names = tuple(names)
+        self.info_key = info_key
+        self.prefix = prefix
         self.sums = dict.fromkeys(self.names, 0.0)
         self.count = 0
 
@@ -338,7 +344,7 @@ class RewardComponentsCallback(BaseCallback):
 
     def _on_step(self) -> bool:
         for info in self.locals.get("infos", ()):
-            components = info.get("reward_components")
+            components = info.get(self.info_key)
             if not components:
                 continue
             for name in self.names:
@@ -350,20 +356,32 @@ class RewardComponentsCallback(BaseCallback):
         if self.count == 0:
             return
         for name in self.names:
-            self.logger.record(f"reward/{name}", self.sums[name] / self.count)
+            self.logger.record(f"{self.prefix}/{name}", self.sums[name] / self.count)
 
 
-def reward_component_names(venv: VecEnv) -> tuple[str, ...]:
-    """The env's ``reward_component_names`` attribute, or ``()`` when it declares none."""
-    if not venv.has_attr("reward_component_names"):
+# What an env may declare (a class attribute naming its entries) -> the info key and the
+# logged prefix of their per-iteration means.
+INFO_MEANS = {"reward_component_names": ("reward_components", "reward"),
+              "tracked_quantities": ("tracked", "track")}
+
+
+def reward_component_names(venv: VecEnv, attribute: str = "reward_component_names"
+                           ) -> tuple[str, ...]:
+    """The env's ``reward_component_names`` (or another :data:`INFO_MEANS` attribute), or
+    ``()`` when it declares none."""
+    if not venv.has_attr(attribute):
         return ()
-    return tuple(venv.get_attr("reward_component_names", indices=[0])[0])
+    return tuple(venv.get_attr(attribute, indices=[0])[0])
 
 
 def reward_component_callbacks(venv: VecEnv) -> list[BaseCallback]:
-    """``[RewardComponentsCallback]`` when the env declares reward components, else ``[]``."""
-    names = reward_component_names(venv)
-    return [RewardComponentsCallback(names)] if names else []
+    """A :class:`RewardComponentsCallback` for each of :data:`INFO_MEANS` the env declares."""
+    found: list[BaseCallback] = []
+    for attribute, (info_key, prefix) in INFO_MEANS.items():
+        names = reward_component_names(venv, attribute)
+        if names:
+            found.append(RewardComponentsCallback(names, info_key, prefix))
+    return found
 
 
 class MemoryPeak(LocalsFreeCallback):

@@ -11,10 +11,12 @@ from __future__ import annotations
 import gymnasium
 
 MINI_DUCK_ID = "Workbench/MiniDuck-v0"
+MINI_DUCK_WALK_ID = "Workbench/MiniDuckWalk-v0"
 
 # id -> (entry point, time limit in steps)
 ROBOTS: dict[str, tuple[str, int]] = {
     MINI_DUCK_ID: ("workbench.envs.robots.duck:MiniDuckEnv", 1000),
+    MINI_DUCK_WALK_ID: ("workbench.envs.robots.duck_walk:MiniDuckWalkEnv", 500),  # 10 s
 }
 
 

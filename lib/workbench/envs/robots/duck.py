@@ -25,7 +25,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from gymnasium import spaces
@@ -70,16 +70,25 @@ class RewardWeights:
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None) -> RewardWeights:
         """Weights from a config mapping; unknown names or non-numbers raise ``ValueError``."""
-        values = dict(values or {})
-        names = [f.name for f in dataclasses.fields(cls)]
-        for key, value in values.items():
-            if key not in names:
-                raise ValueError(
-                    f"reward_weights.{key}: unknown reward component; valid: {', '.join(names)}"
-                )
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"reward_weights.{key}={value!r}: must be a number")
-        return cls(**{k: float(v) for k, v in values.items()})
+        return checked_weights(cls, values)
+
+
+Weights = TypeVar("Weights")
+
+
+def checked_weights(cls: type[Weights], values: Mapping[str, Any] | None) -> Weights:
+    """An instance of the weights dataclass ``cls`` from a config mapping: its fields by name,
+    each a number (``ValueError`` naming the key otherwise)."""
+    values = dict(values or {})
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    for key, value in values.items():
+        if key not in names:
+            raise ValueError(
+                f"reward_weights.{key}: unknown reward component; valid: {', '.join(names)}"
+            )
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"reward_weights.{key}={value!r}: must be a number")
+    return cls(**{k: float(v) for k, v in values.items()})
 
 
 class MiniDuckEnv(MujocoEnv):
@@ -102,7 +111,7 @@ class MiniDuckEnv(MujocoEnv):
         width: int = 480,
         height: int = 480,
     ) -> None:
-        self.check_kwargs(
+        MiniDuckEnv.check_kwargs(  # the standing task's own (a subclass checks its own)
             {"reward_weights": reward_weights, "goal_distance": goal_distance,
              "max_speed": max_speed, "reset_noise_scale": reset_noise_scale,
              "frame_skip": frame_skip}
@@ -208,6 +217,10 @@ class MiniDuckEnv(MujocoEnv):
     def servo_targets(self, action: NDArray[np.float64]) -> NDArray[np.float64]:
         """Servo position targets (rad): normalized actions mapped onto the joint ranges."""
         return self.ctrl_center + self.ctrl_half_range * action
+
+    def stand_action(self) -> NDArray[np.float64]:
+        """The action whose servo targets are the standing pose (a policy that stands)."""
+        return np.asarray((self.stand_ctrl - self.ctrl_center) / self.ctrl_half_range)
 
     def workbench_control(self, action: NDArray[Any]) -> NDArray[np.float64]:
         """The controls :meth:`step` gives MuJoCo for ``action``: clipped to [-1, 1], then
