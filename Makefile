@@ -113,9 +113,10 @@ NBSTRIPOUT_ARGS := --keep-id --extra-keys metadata.language_info
 git-filter:
 	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
 	  py="$$(cd "$$(dirname "$(PY)")" && pwd)/$$(basename "$(PY)")" && \
-	  "$$py" -m nbstripout --install --attributes .gitattributes && \
-	  git config filter.nbstripout.clean "\"$$py\" -m nbstripout $(NBSTRIPOUT_ARGS)" && \
-	  { git config --unset filter.nbstripout.required || true; } && \
+	  { "$$py" -m nbstripout --install --attributes .gitattributes && \
+	    git config filter.nbstripout.clean "\"$$py\" -m nbstripout $(NBSTRIPOUT_ARGS)" && \
+	    { git config --unset filter.nbstripout.required || true; }; } \
+	  || echo "warning: the notebook filter is not registered: notebooks with outputs will show as changed; run make git-filter" >&2; \
 	  git update-index -q --really-refresh >/dev/null || true; fi
 
 # Off-screen rendering for rollout videos (docs/videos.md): Mesa's EGL and, as the fallback,

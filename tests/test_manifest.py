@@ -260,10 +260,13 @@ def test_notebook_outputs_leave_tree_clean_with_repo_filter(tmp_path: Path) -> N
     (repo / ".gitattributes").write_text((ROOT / ".gitattributes").read_text())
     notebook = repo / "notebooks" / "train.ipynb"
     notebook.write_text((ROOT / "notebooks" / "train.ipynb").read_text())
-    subprocess.run(["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), "-C", str(repo),
-                    "git-filter", f"PY={venv / 'bin' / 'python'}"], check=True, capture_output=True,
-                   timeout=120, env={k: v for k, v in os.environ.items()
-                                     if k not in manifest.GIT_LOCATION_VARS})
+    made = subprocess.run(
+        ["make", "--no-print-directory", "-f", str(ROOT / "Makefile"), "-C", str(repo),
+         "git-filter", f"PY={venv / 'bin' / 'python'}"], check=True, capture_output=True,
+        text=True, timeout=120,
+        env={k: v for k, v in os.environ.items() if k not in manifest.GIT_LOCATION_VARS})
+    clean = git_out(repo, "config", "filter.nbstripout.clean")
+    assert str(venv) in clean, (clean, made.stdout, made.stderr)
     git_out(repo, "add", ".")
     git_out(repo, "commit", "-q", "-m", "notebooks")
     cells = json.loads(notebook.read_text())
@@ -273,6 +276,11 @@ def test_notebook_outputs_leave_tree_clean_with_repo_filter(tmp_path: Path) -> N
     cells["metadata"]["language_info"] = {"name": "python", "version": "3.11.7"}  # a Lab save
     notebook.write_text(json.dumps(cells, indent=1))
     git = manifest.collect_git(repo)
+    if git["dirty"]:  # what the filter made of it, to tell a failing filter from a real change
+        filtered = subprocess.run(clean, shell=True, cwd=repo, input=notebook.read_text(),
+                                  capture_output=True, text=True, timeout=60)
+        git["filter"] = (filtered.returncode, filtered.stderr[-2000:],
+                         git_out(repo, "diff", "--stat"))
     assert (git["dirty"], git["dirty_files"]) == (False, []), git
     assert manifest.git_diff(repo) is None
     first_code["source"] = ["seed = 5\n"]

@@ -260,7 +260,9 @@ def backticked_commands() -> list[tuple[str, str]]:
 
 
 # What an f-string's field stands for in a message's command, by the flag before it.
-FIELDS = {"--older-than {}": "--older-than 900", "experiment=tuned/{}": f"experiment=tuned/{STUDY}"}
+FIELDS = {"--older-than {}": "--older-than 900", "experiment=tuned/{}": f"experiment=tuned/{STUDY}",
+          "sweep {}": "sweep algo.gamma=0.9,0.99",
+          "resume={}": "resume=0a1b2c3d4e5f40718293a4b5c6d7e8f9"}
 
 
 def test_commands_in_messages_parse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

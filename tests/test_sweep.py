@@ -469,9 +469,11 @@ def test_a_grid_sweep_passes_its_keys_tags_its_runs_and_resumes(store: Path) -> 
 
 
 def test_a_small_rollout_sweep_trains_with_the_points_own_minibatch(store: Path) -> None:
-    """A rollout smaller than the base config's minibatch is a valid point of its own."""
-    proc = run_cli("sweep", "env=inverted_pendulum", "sweep.num_envs=[1]", "sweep.n_steps=[64]",
-                   "total_timesteps=64", "tracking.system_metrics=false", "video=off",
+    """A rollout smaller than the base config's minibatch is a valid point of its own (a task
+    without tuned values, whose minibatch is half of each point's rollout)."""
+    proc = run_cli("sweep", "env=inverted_double_pendulum", "sweep.num_envs=[1]",
+                   "sweep.n_steps=[64]", "total_timesteps=64", "tracking.system_metrics=false",
+                   "video=off",
                    env=CORES_2, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "will fail" not in proc.stdout

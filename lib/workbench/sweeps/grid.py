@@ -117,7 +117,8 @@ def hydra_sweeps(overrides: Sequence[str]) -> list[str]:
             raise ConfigError(f"{text}: an interval is not a list of values to sweep; write "
                               f"{key}=a,b,c, {key}=range(START,STOP,STEP) or {key}=choice(a,b)")
         # glob() lists the group's options through a config loader: the workbench's own list
-        override.config_loader = SimpleNamespace(
+        # (the one method glob() calls, not Hydra's whole ConfigLoader)
+        override.config_loader = SimpleNamespace(  # type: ignore[assignment]
             get_group_options=lambda group, results_filter=None: config.group_options(group))
         values = list(override.sweep_iterator())
         if not values:
