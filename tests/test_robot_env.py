@@ -484,8 +484,11 @@ def test_a_standing_policy_under_a_forward_command_stays_up_in_place() -> None:
     0.2 m/s forward neither falls nor moves nor steps (both feet down but as it settles) at
     standing height; random servo targets fall."""
     cfg = load_config(["experiment=duck_walk"])
+    heights: list[float] = []  # watched after each reset and step
     standing = command_episodes(standing_actor(cfg), cfg, fixed_command(0.2, 0.0), count=2,
-                                seed=7, max_steps=100)
+                                seed=7, max_steps=100,
+                                watch=lambda env: heights.append(float(env.data.qpos[2])))
+    assert len(heights) == 2 * 101 and min(heights) > 0.18, heights
     assert [e.fell for e in standing] == [False, False]
     for e in standing:
         assert abs(e.speed) < 0.02 and abs(e.yaw_rate) < 0.05, e

@@ -14,7 +14,7 @@ against the preset's goals.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -49,11 +49,14 @@ def fixed_command(speed: float, yaw_rate: float) -> dict[str, Any]:
 
 def command_episodes(actor: Actor, config: WorkbenchConfig, kwargs: Mapping[str, Any],
                      perturbation: Mapping[str, Any] | None = None, count: int = 5,
-                     seed: int = 0, max_steps: int = 500) -> list[CommandEpisode]:
+                     seed: int = 0, max_steps: int = 500,
+                     watch: Callable[[Any], None] | None = None) -> list[CommandEpisode]:
     """``count`` deterministic episodes (seeds ``seed``, ``seed + 1``, ...) of the config's
     env with ``kwargs`` over its own and ``perturbation`` as randomization keys, each up to
     ``max_steps`` control steps. Of the training's randomization only its action delay stays
-    (the robot's latency, not a gap sampled per episode) unless ``perturbation`` sets one."""
+    (the robot's latency, not a gap sampled per episode) unless ``perturbation`` sets one.
+    ``watch`` is called with the MuJoCo env after its reset and each step (e.g. to keep
+    states for a figure)."""
     spec = EnvSpec.from_config(config)
     spec = replace(spec, kwargs={**(spec.kwargs or {}), **kwargs}, randomization=None)
     settings = {"action_delay": config.env.randomization.action_delay, **(perturbation or {})}
@@ -64,9 +67,13 @@ def command_episodes(actor: Actor, config: WorkbenchConfig, kwargs: Mapping[str,
             obs, _ = env.reset(seed=seed + k)
             tracked: list[dict[str, float]] = []
             fell = False
+            if watch is not None:
+                watch(env.unwrapped)
             for _ in range(max_steps):
                 obs, _, terminated, truncated, info = env.step(actor(obs[None])[0])
                 tracked.append(info["tracked"])
+                if watch is not None:
+                    watch(env.unwrapped)
                 if terminated or truncated:
                     fell = bool(info.get("fell"))
                     break
