@@ -356,6 +356,18 @@ def copy_store(source: Path, target: Path) -> str:
     return f"sqlite:///{target / 'mlflow.db'}"
 
 
+@contextlib.contextmanager
+def embedded_copy(source: Path, factory: pytest.TempPathFactory, name: str
+                  ) -> Iterator[tuple[str, Path, pytest.MonkeyPatch]]:
+    """A copy of the embedded store ``source`` in a fresh temporary folder ``name``, in the
+    environment while the context lasts (for module fixtures): its URI, its folder and the
+    patch."""
+    target = factory.mktemp(name) / "experiments"
+    uri = copy_store(source, target)
+    with embedded_store(target) as patch:
+        yield uri, target, patch
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
             **kwargs) -> subprocess.CompletedProcess[str]:
     """Run ``python -m workbench ARGS`` as a real subprocess."""

@@ -28,7 +28,7 @@ from workbench.cli import main
 from workbench.deploy import contract, runner, verification
 from workbench.deploy.verification import RunnerCommand, RunnerFailed, RunnerProcess
 
-from .conftest import copy_store, embedded_store, forget_artifact_locations
+from .conftest import embedded_copy, forget_artifact_locations
 from .support.files import tree_state
 from .trained_run import ExportedPolicy, FinishedRun
 
@@ -47,9 +47,7 @@ class Duck:
 def duck(exported_duck: ExportedPolicy, tmp_path_factory: pytest.TempPathFactory
          ) -> Iterator[Duck]:
     """A copy of the exported duck's store, in the environment while this module runs."""
-    target = tmp_path_factory.mktemp("deploy") / "experiments"
-    uri = copy_store(exported_duck.experiments, target)
-    with embedded_store(target):
+    with embedded_copy(exported_duck.experiments, tmp_path_factory, "deploy") as (uri, target, _):
         client = MlflowClient(uri)
         artifacts = urlparse(client.get_run(exported_duck.run_id).info.artifact_uri).path
         yield Duck(exported_duck.run_id, client, target, Path(artifacts) / "export")

@@ -20,7 +20,7 @@ from workbench.cli import main
 from workbench.config import ConfigError, load_config
 from workbench.config.robustness import RobustnessProfile, load_profile
 
-from .conftest import copy_store, embedded_store
+from .conftest import embedded_copy
 from .trained_run import ExportedPolicy
 
 # Episodes of 100 steps (the tiny run's own are 8): returns large enough to compare.
@@ -43,9 +43,7 @@ class Store:
 def store_copy(exported_policy: ExportedPolicy, tmp_path_factory: pytest.TempPathFactory
                ) -> Iterator[Store]:
     """A copy of the exported run's store, in the environment while this module runs."""
-    target = tmp_path_factory.mktemp("eval") / "experiments"
-    uri = copy_store(exported_policy.experiments, target)
-    with embedded_store(target):
+    with embedded_copy(exported_policy.experiments, tmp_path_factory, "eval") as (uri, target, _):
         yield Store(exported_policy.run_id, MlflowClient(uri), target)
 
 

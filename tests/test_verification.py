@@ -33,7 +33,7 @@ from workbench.review.selection import Selection
 from workbench.sweeps.request import check_request
 
 from . import reportdata
-from .conftest import copy_store, embedded_store
+from .conftest import embedded_copy, embedded_store
 
 SECOND = "workbench-again"  # this virtualenv under a second kernel name: a second stack
 # InvertedPendulum, 100-step episodes, 4 PPO iterations: the tuned rate reaches ~90 of 100,
@@ -230,9 +230,7 @@ class Close:
 def close(report_sweep: reportdata.Sweep, kernels: Path,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Close]:
     """A copy of the shared sweep's store, in the environment while this module runs."""
-    target = tmp_path_factory.mktemp("close") / "experiments"
-    uri = copy_store(report_sweep.experiments, target)
-    with embedded_store(target) as patch:
+    with embedded_copy(report_sweep.experiments, tmp_path_factory, "close") as (uri, target, patch):
         patch.setenv("WORKBENCH_CPU_BUDGET", "2")
         yield Close(uri, target)
 
