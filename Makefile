@@ -220,11 +220,13 @@ ui: setup
 report: setup
 	"$(PY)" -m workbench report $(ARGS)
 
-# conf/jupyter_lab_config.json: no news feed, toast or update check (nothing to fetch on a
-# training server, nothing to cover the notebook).
+# conf/jupyter_lab_config.json: no news feed or update check on the server; the settings
+# defaults in conf/jupyterlab/overrides.json: no news question or update toast in the page
+# (nothing to fetch on a training server, nothing to cover the notebook).
 lab: setup
 	"$(VENV)/bin/jupyter" lab --ip 127.0.0.1 --no-browser $(ALLOW_ROOT) \
-	  --config=conf/jupyter_lab_config.json notebooks/ $(ARGS)
+	  --config=conf/jupyter_lab_config.json --LabApp.app_settings_dir="$(CURDIR)/conf/jupyterlab" \
+	  notebooks/ $(ARGS)
 
 server: setup
 	"$(PY)" -m workbench server start $(ARGS)

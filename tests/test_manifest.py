@@ -14,6 +14,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from datetime import datetime
 from importlib import metadata
@@ -275,13 +276,16 @@ def test_notebook_outputs_leave_tree_clean_with_repo_filter(tmp_path: Path) -> N
     first_code["execution_count"] = 7
     cells["metadata"]["language_info"] = {"name": "python", "version": "3.11.7"}  # a Lab save
     notebook.write_text(json.dumps(cells, indent=1))
+    started = time.monotonic()
     git = manifest.collect_git(repo)
+    took = time.monotonic() - started
     if git["dirty"]:  # what the filter made of it, to tell a failing filter from a real change
         filtered = subprocess.run(clean, shell=True, cwd=repo, input=notebook.read_text(),
-                                  capture_output=True, text=True, timeout=60)
-        git["filter"] = (filtered.returncode, filtered.stderr[-2000:],
-                         git_out(repo, "diff", "--stat"))
-    assert (git["dirty"], git["dirty_files"]) == (False, []), git
+                                  capture_output=True, text=True, timeout=120)
+        raise AssertionError(
+            f"dirty {git['dirty_files']} after {took:.1f} s; the filter alone: exit "
+            f"{filtered.returncode}, stderr {filtered.stderr[-1500:]!r}; git diff --stat: "
+            f"{git_out(repo, 'diff', '--stat')!r}")
     assert manifest.git_diff(repo) is None
     first_code["source"] = ["seed = 5\n"]
     notebook.write_text(json.dumps(cells, indent=1))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -41,6 +40,7 @@ MIN_FONT_PX = 12.0
 SETTINGS = {"@jupyterlab/notebook-extension/tracker.jupyterlab-settings":
             {"windowingMode": "none"}}
 LAB_CONFIG = ROOT / "conf" / "jupyter_lab_config.json"  # what make lab starts JupyterLab with
+LAB_SETTINGS = ROOT / "conf" / "jupyterlab"  # and its settings defaults (overrides.json)
 
 
 @contextlib.contextmanager
@@ -68,7 +68,8 @@ def jupyter_lab(root: Path, home: Path) -> Iterator[str]:
             [str(JUPYTER), "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
              f"--port={port}", "--ServerApp.port_retries=0", "--IdentityProvider.token=",
              "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
-             f"--ServerApp.root_dir={root}", f"--config={LAB_CONFIG}"],
+             f"--ServerApp.root_dir={root}", f"--config={LAB_CONFIG}",
+             f"--LabApp.app_settings_dir={LAB_SETTINGS}"],
             env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
     started: list[psutil.Process] = []
     try:
@@ -127,12 +128,12 @@ def read_in_lab(browser: object, url: str, notebook: Path, tmp_path: Path) -> No
         "return document.querySelector('.jp-Notebook .workbench-summary') !== null "
         "&& Array.from(document.querySelectorAll('.jp-Notebook img')).every(i => i.complete "
         "&& i.naturalWidth > 0);"))
-    # Nothing in front of the notebook: no news or update toast, no tab beside it (make lab's
-    # config). Other toasts (a slow kernel on a loaded machine) come and go: not the config's.
+    # Nothing in front of the notebook: no toast (the news question, an update), no tab beside
+    # it (make lab's config and settings).
     toasts = browser.execute_script(
         "return Array.from(document.querySelectorAll('.Toastify__toast'))"
         ".map(t => t.innerText.trim());")
-    assert not [t for t in toasts if re.search(r"news|newer version|update", t, re.I)], toasts
+    assert toasts == [], toasts
     tabs = browser.execute_script(
         "return Array.from(document.querySelectorAll('.lm-DockPanel-tabBar .lm-TabBar-tab'))"
         ".map(t => t.innerText.trim());")

@@ -94,7 +94,7 @@ RUN_KEYS_COMPARED = ("hostname", "deterministic", "environment")
 # A git command past this is taken as hung (its answer is left out). Generous: with the
 # notebooks' clean filter (nbstripout) git starts a Python process per changed notebook,
 # which on a loaded 2-core machine took over 10 s.
-GIT_TIMEOUT_S = 30
+GIT_TIMEOUT_S = 60
 # Git commands get a clean location: a GIT_DIR inherited from a hook or a shell would make
 # the manifest describe some other repository than the project checkout.
 GIT_LOCATION_VARS = (
