@@ -357,7 +357,7 @@ def collect_git(root: Path) -> dict[str, Any]:
         elif line and not line.startswith("#"):
             files.add(_status_path(line))
             if line.startswith("2 "):  # a rename or copy: its original path comes next
-                next(entries, None)
+                files.add(next(entries, "") or _status_path(line))
     if files and commit is not None:
         files = _changed_files(root, files)
     remote = _git(root, "config", "--get", f"branch.{branch}.remote") if branch else None
@@ -372,15 +372,27 @@ def collect_git(root: Path) -> dict[str, Any]:
 
 
 def _changed_files(root: Path, candidates: set[str]) -> set[str]:
-    """Tracked files whose content differs from HEAD, as ``git diff`` compares them.
+    """The candidates whose content differs from HEAD's, as git would store them.
 
     ``git status`` calls a file modified when its size changed, before any clean filter runs
-    (a notebook saved with outputs); ``git diff`` compares the filtered content. It is asked
-    only when status found something, so a clean tree costs one git call.
+    (a notebook saved with outputs), and ``git diff`` trusts the same stat data in some
+    states. So each candidate's worktree content is hashed through its filters (``git
+    hash-object --stdin-paths``, by the path's attributes) and compared with its blob in HEAD;
+    a file gone from the worktree or new since HEAD is changed. Asked only when status found
+    something, so a clean tree costs one git call; a git that cannot answer leaves them all.
     """
-    names = _git(root, "diff", "HEAD", "--name-only", "--no-renames", "--no-ext-diff",
-                 "--no-textconv", "-z")
-    return candidates if names is None else {n for n in names.split("\0") if n}
+    present = sorted(c for c in candidates if (root / c).is_file())
+    hashed = _git(root, "hash-object", "--stdin-paths", stdin="\n".join(present) + "\n",
+                  locale=False) if present else ""
+    listed = _git(root, "ls-tree", "-z", "HEAD", "--", *present) if present else ""
+    if hashed is None or listed is None:
+        return candidates
+    worktree = dict(zip(present, hashed.split(), strict=False))
+    head = {}
+    for entry in filter(None, listed.split("\0")):
+        meta, path = entry.split("\t", 1)
+        head[path] = meta.split()[2]
+    return {c for c in candidates if c not in worktree or worktree[c] != head.get(c)}
 
 
 # Fields before the path in ``git status --porcelain=v2`` entries: changed (1), renamed or
@@ -416,14 +428,20 @@ def git_diff(root: Path) -> str | None:
     return scrub_text("\n".join(preamble) + "\n\n" + diff)
 
 
-def _git(root: Path, *args: str) -> str | None:
-    """Output of a read-only git command in ``root``, or None when git cannot answer."""
+def _git(root: Path, *args: str, stdin: str | None = None, locale: bool = True) -> str | None:
+    """Output of a read-only git command in ``root``, or None when git cannot answer.
+
+    Git speaks the C locale (its messages untranslated) unless ``locale`` is False: a command
+    that runs the repository's filters leaves them the user's locale, as the user's git does.
+    """
     env = {k: v for k, v in os.environ.items() if k not in GIT_LOCATION_VARS}
-    env.update({"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"})
+    env["GIT_TERMINAL_PROMPT"] = "0"
+    if locale:
+        env["LC_ALL"] = "C"
     try:
         # --no-optional-locks: a background query must not take index.lock from the user's git.
         done = subprocess.run(
-            ["git", "--no-optional-locks", "-C", str(root), *args],
+            ["git", "--no-optional-locks", "-C", str(root), *args], input=stdin,
             capture_output=True, text=True, timeout=GIT_TIMEOUT_S, env=env, check=False,
         )
     except (OSError, subprocess.TimeoutExpired):  # git not installed, or hung
