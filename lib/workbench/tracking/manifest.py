@@ -382,8 +382,8 @@ def _changed_files(root: Path, candidates: set[str]) -> set[str]:
     something, so a clean tree costs one git call; a git that cannot answer leaves them all.
     """
     present = sorted(c for c in candidates if (root / c).is_file())
-    hashed = _git(root, "hash-object", "--stdin-paths", stdin="\n".join(present) + "\n",
-                  locale=False) if present else ""
+    hashed = (_git(root, "hash-object", "--stdin-paths", stdin="\n".join(present) + "\n")
+              if present else "")
     listed = _git(root, "ls-tree", "-z", "HEAD", "--", *present) if present else ""
     if hashed is None or listed is None:
         return candidates
@@ -428,16 +428,16 @@ def git_diff(root: Path) -> str | None:
     return scrub_text("\n".join(preamble) + "\n\n" + diff)
 
 
-def _git(root: Path, *args: str, stdin: str | None = None, locale: bool = True) -> str | None:
+def _git(root: Path, *args: str, stdin: str | None = None) -> str | None:
     """Output of a read-only git command in ``root``, or None when git cannot answer.
 
-    Git speaks the C locale (its messages untranslated) unless ``locale`` is False: a command
-    that runs the repository's filters leaves them the user's locale, as the user's git does.
+    The user's locale stays: only machine-readable output is read (porcelain status, names,
+    hashes, the diff), and the repository's filters, which status, diff and hash-object run,
+    get the environment the user's own git gives them (under ``LC_ALL=C`` the notebooks'
+    filter failed on a CI machine, and git then compared the unfiltered notebook).
     """
     env = {k: v for k, v in os.environ.items() if k not in GIT_LOCATION_VARS}
     env["GIT_TERMINAL_PROMPT"] = "0"
-    if locale:
-        env["LC_ALL"] = "C"
     try:
         # --no-optional-locks: a background query must not take index.lock from the user's git.
         done = subprocess.run(
