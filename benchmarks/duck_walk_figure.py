@@ -22,7 +22,9 @@ from typing import Any
 
 import numpy as np
 
-SPEED, TURN, TURN_SPEED = 0.2, 0.5, 0.1  # benchmarks/duck_walk.py's commands
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from duck_walk import SPEED, TURN, TURN_SPEED  # the commands the figures measure
+
 EVERY_S, SECONDS = 1.0, 10.0
 WIDTH, HEIGHT = 640, 240
 
