@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium
+import mujoco
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
@@ -458,6 +459,32 @@ def test_the_walking_reward_tracks_the_command() -> None:
     env.command = np.zeros(2)
     assert env.gait_schedule() == (True, True)  # a standstill: both feet down
     assert (env.gait_score((True, True)), env.gait_score((False, True))) == (1.0, 0.0)
+
+
+@pytest.mark.unit
+def test_the_walking_duck_s_fast_readings_agree_with_mujoco_s_structs() -> None:
+    """The per-step readings written for speed (arrays and floats, no loop over contact
+    structs, no rotation matrix) say what MuJoCo's own structures and functions say."""
+    env = walker()
+    env.reset(seed=3)
+    rng = np.random.default_rng(3)
+    contacts_seen = set()
+    for _ in range(150):
+        env.step(rng.uniform(-0.6, 0.6, size=8))
+        data = env.data
+        touching = set()
+        for index in range(data.ncon):
+            pair = {int(data.contact[index].geom1), int(data.contact[index].geom2)}
+            if env.floor in pair:
+                touching |= pair
+        expected = (env.feet[0] in touching, env.feet[1] in touching)
+        assert env.foot_contacts() == expected
+        contacts_seen.add(expected)
+        rotation = np.empty(9)
+        mujoco.mju_quat2Mat(rotation, data.qpos[3:7])
+        assert env.heading_velocity()[2] == pytest.approx(
+            float(rotation.reshape(3, 3)[2] @ data.qvel[3:6]), abs=1e-9)
+    assert len(contacts_seen) >= 3  # the rollout saw feet both down, up and alternating
 
 
 @pytest.mark.unit

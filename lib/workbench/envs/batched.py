@@ -96,6 +96,16 @@ def action_previews(env: gymnasium.Env) -> list[Preview] | None:
     return previews
 
 
+def same_controls(given: Any, planned: Any) -> bool:
+    """Whether the controls a task gives MuJoCo are the planned ones: the same bytes (the
+    common case, ~0.2 us), else equal values, NaN equal to NaN (~5 us)."""
+    given, planned = np.asarray(given), np.asarray(planned)
+    if (given.dtype == planned.dtype and given.shape == planned.shape
+            and given.tobytes() == planned.tobytes()):
+        return True
+    return bool(np.array_equal(given, planned, equal_nan=True))
+
+
 class PhysicsAhead:
     """One copy's physics, stepped before its ``step`` runs (steps 1-3 of the module
     docstring). Installs itself as the task's ``_step_mujoco_simulation``: the one call
@@ -144,7 +154,7 @@ class PhysicsAhead:
             self.step_in_place(ctrl, n_frames)
             return
         self.task.data = self.data
-        if n_frames == planned[1] and np.array_equal(ctrl, planned[0], equal_nan=True):
+        if n_frames == planned[1] and same_controls(ctrl, planned[0]):
             self.steps_ahead += 1
             return
         mujoco.mj_copyData(self.data, self.model, self.snapshot)  # undo, then as dummy does

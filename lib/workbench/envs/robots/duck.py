@@ -76,6 +76,12 @@ class RewardWeights:
 Weights = TypeVar("Weights")
 
 
+def unit_clip(action: Any) -> NDArray[np.float64]:
+    """``action`` as float64, clipped to [-1, 1] (NaN stays NaN, as with ``np.clip``, which
+    costs ~3 us on eight numbers where these two ufuncs cost ~1)."""
+    return np.minimum(np.maximum(np.asarray(action, dtype=np.float64), -1.0), 1.0)
+
+
 def checked_weights(cls: type[Weights], values: Mapping[str, Any] | None) -> Weights:
     """An instance of the weights dataclass ``cls`` from a config mapping: its fields by name,
     each a number (``ValueError`` naming the key otherwise)."""
@@ -167,7 +173,7 @@ class MiniDuckEnv(MujocoEnv):
     def step(  # type: ignore[override]  # gymnasium annotates info as dict[str, float64]
         self, action: NDArray[Any]
     ) -> tuple[NDArray[np.float64], float, bool, bool, dict[str, Any]]:
-        action = np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
+        action = unit_clip(action)
         x_before = float(self.data.qpos[0])
         self.do_simulation(self.workbench_control(action), self.frame_skip)
         x_after = float(self.data.qpos[0])
@@ -226,7 +232,7 @@ class MiniDuckEnv(MujocoEnv):
         """The controls :meth:`step` gives MuJoCo for ``action``: clipped to [-1, 1], then
         servo targets. ``env.vec_env=batched`` (:mod:`workbench.envs.batched`) steps the
         physics of every copy ahead with it."""
-        return self.servo_targets(np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0))
+        return self.servo_targets(unit_clip(action))
 
     def workbench_state(self) -> dict[str, Any]:
         """The previous action, the one state of the task outside MuJoCo's (for a resumed
