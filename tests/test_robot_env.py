@@ -7,6 +7,7 @@ import dataclasses
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 from workbench.config import ConfigError
+from workbench.deploy import evaluation
 from workbench.deploy.walking import command_episodes, fixed_command, standing_actor
 from workbench.envs.calibration import choose_vec_env
 from workbench.envs.robots import MINI_DUCK_ID, MINI_DUCK_WALK_ID, importable_id, rendering
@@ -527,19 +529,25 @@ def test_a_standing_policy_under_a_forward_command_stays_up_in_place() -> None:
     assert all(e.fell and e.seconds < 10.0 for e in random), random
 
 
-# The short walking training: its steps, and the share of its first iterations' speed-tracking
-# error that its last iterations may keep. Untrained, the duck falls backwards (error ~0.6 m/s);
-# the preset's seed 0 is at ~0.22 by 150k steps, still behind a duck that only stands (~0.14,
-# passed after ~800k steps): walking itself is measured by benchmarks/duck_walk.py.
-WALK_STEPS, WALK_KEEP = 150_000, 0.5
+# The short walking training: the preset (randomization, servo delay and all) told only to go
+# forward (0.15-0.3 m/s, no turns, no standstills), its steps, and how much further (m) its
+# deterministic policy, told 0.2 m/s for 10 s, must walk in each of three episodes than a
+# policy that holds the standing pose (-0.01) or random servo targets (falls: -0.13) does in
+# any. Measured: seed 0 walks 0.13 m by 400k steps, 0.61 by 600k, 0.80 by 800k; seed 1 0.5,
+# 1.3, 1.75. The full preset (turns and standstills too) walks between 0.75M and 2M steps.
+WALK_STEPS, WALK_MARGIN = 800_000, 0.5
+FORWARD_ONLY = ["env.kwargs.speed_range=[0.15,0.3]", "env.kwargs.yaw_rate_range=[0,0]",
+                "env.kwargs.standstill_share=0"]
 
 
 @pytest.mark.slow
-def test_a_short_walking_training_halves_its_speed_error(store: Path) -> None:
-    """The preset trained briefly: the commanded-against-achieved speed error of its rollouts,
-    logged per iteration, falls to under half of where it started (learning, not timing), and
-    the run logs the commanded and achieved speed and yaw rate as curves."""
-    result = train(load_config(["experiment=duck_walk", f"total_timesteps={WALK_STEPS}",
+def test_a_short_walking_training_walks_further_than_standing_or_random(
+        store: Path, tmp_path: Path) -> None:
+    """The preset trained briefly on forward commands walks forward when told to: further
+    than standing still or flailing (learning, not timing), and the run logs the commanded and
+    achieved speed and yaw rate as curves."""
+    result = train(load_config(["experiment=duck_walk", *FORWARD_ONLY,
+                                f"total_timesteps={WALK_STEPS}",
                                 "video=off", "console.progress_bar=false",
                                 "console.iteration_lines=false", "eval.every_steps=0",
                                 "eval.final_episodes=2", "checkpoint.every_steps=0"]))
@@ -548,7 +556,15 @@ def test_a_short_walking_training_halves_its_speed_error(store: Path) -> None:
     for key in ("track/command_speed", "track/speed", "track/command_yaw_rate",
                 "track/yaw_rate", "reward/track_speed"):
         assert client.get_metric_history(result.run_id, key), key
-    errors = [m.value for m in sorted(client.get_metric_history(
-        result.run_id, "track/speed_error"), key=lambda m: m.step)]
-    first, last = float(np.mean(errors[:3])), float(np.mean(errors[-3:]))
-    assert len(errors) > 20 and last < WALK_KEEP * first, errors
+    policy = evaluation.policy_of_run(client, result.run_id, tmp_path)
+    rng = np.random.default_rng(0)
+
+    def distances(actor: Callable[[Any], Any]) -> list[float]:
+        episodes = command_episodes(actor, policy.config, fixed_command(0.2, 0.0), count=3,
+                                    seed=100)
+        return [e.speed * e.seconds for e in episodes]
+
+    walked = distances(policy.actor)
+    others = distances(standing_actor(policy.config)) + distances(
+        lambda obs: rng.uniform(-1, 1, (len(obs), 8)).astype(np.float32))
+    assert min(walked) > max(others) + WALK_MARGIN, (walked, others)
