@@ -223,9 +223,9 @@ class MiniDuckWalkEnv(MiniDuckEnv):
         return forward, sideways, yaw_rate
 
     def foot_contacts(self) -> tuple[bool, bool]:
-        """Whether each foot touches the floor: among the geom pairs of this step's contacts
-        (an ``(ncon, 2)`` array; a Python loop over the contact structs cost ~80 us, more
-        than the step's physics), one with the floor and the foot."""
+        """Whether each foot touches the floor: some pair of geoms in this step's contacts is
+        the floor and the foot. The pairs are read as one ``(ncon, 2)`` array of ints (~7 us);
+        indexing ``data.contact`` struct by struct cost ~80 us, more than the step's physics."""
         on_floor = set()
         for first, second in self.data.contact.geom.tolist():
             if first == self.floor:
