@@ -286,6 +286,7 @@ def test_notebook_outputs_leave_tree_clean_with_repo_filter(tmp_path: Path) -> N
             f"dirty {git['dirty_files']} after {took:.1f} s; the filter alone: exit "
             f"{filtered.returncode}, stderr {filtered.stderr[-1500:]!r}; git diff --stat: "
             f"{git_out(repo, 'diff', '--stat')!r}")
+    assert git["dirty_files"] == [], git
     assert manifest.git_diff(repo) is None
     first_code["source"] = ["seed = 5\n"]
     notebook.write_text(json.dumps(cells, indent=1))
